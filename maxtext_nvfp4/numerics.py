@@ -1,0 +1,467 @@
+"""NVFP4 quantization in pure ``jax.numpy``, bit-identical to Transformer Engine's quantizer.
+
+This module imports nothing from MaxText or Transformer Engine. It reproduces what TE's CUDA kernels
+(``transformer_engine/common/cast/nvfp4/*.cuh``) and TE's bit-exact PyTorch reference
+(``pytorch/custom_recipes/reference_nvfp4.py``) compute; TE's own pure-JAX quantizer is *not* the
+reference (it uses another operation order and its ``reduce_precision`` line produces NaN scales).
+
+Format
+------
+NVFP4 stores a tensor ``x`` as E2M1 elements ``q`` (values 0, ±0.5, ±1, ±1.5, ±2, ±3, ±4, ±6), one E4M3
+decode scale ``s8`` per block of 16 consecutive elements (1x16 along the GEMM contraction axis, or a
+16x16 tile for weights), and one FP32 per-tensor amax that sets the global scale. All arithmetic is
+IEEE fp32 with round-to-nearest-even (RNE) and, like the CUDA kernels, *with* subnormals:
+
+    amax   = max |x|                                            (exact, fp32)
+    S_enc  = min(2688 / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0     (2688 = 448 * 6)
+    S_dec  = fl(1 / S_enc)
+    bamax  = max |x| over the block                             (exact)
+    s8     = e4m3_rne(min(fl(bamax * fl(S_enc * fl(1/6))), 448))          # this operation order
+    enc    = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)               # 0-scale blocks: enc = FLT_MAX
+    q      = e2m1_rne(clip(fl(x * enc), -6, 6))                 # RNE; saturates to ±6
+             (stochastic rounding instead of RNE when a key is given, see below)
+
+Dequantization follows TE JAX's ``NVFP4Dequantizer`` (finite where the CUDA dequant kernel overflows):
+
+    x_hat = float(q) * (float(s8) * (amax / 2688))
+
+What is bit-checkable: ``data``, ``scale`` and ``amax`` for round-to-nearest (all shapes, 1D along any
+axis, 2D, RHT), on every backend, including inputs whose fp32 intermediates are subnormal (XLA:CPU
+flushes fp32 subnormals to zero; every step that can meet one is computed with exact integer/exponent
+arithmetic instead). Stochastic rounding matches TE only in distribution: the hardware uses Philox bits
+tied to the CUDA thread mapping, which cannot be reproduced.
+
+Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
+f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
+rounding, so the values survive every XLA pass.
+
+Non-finite input (TE's kernels turn NaN into ±6 and would hand finite numbers downstream; we do not):
+  * a NaN anywhere makes ``amax`` NaN, hence every scale NaN and the whole dequantized tensor NaN
+    (and every GEMM using it); ``data`` holds +6 for the NaN elements, as TE's ``cvt.rn.satfinite``;
+  * an Inf makes ``amax`` Inf: ``data``/``scale`` are exactly TE's (±6 at scale 448 for the Inf's
+    block), and the dequantized tensor is ±Inf/NaN everywhere (``amax / 2688`` is Inf).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "BLOCK",
+    "E2M1_MAX",
+    "E4M3_MAX",
+    "NVFP4Tensor",
+    "RHT_SIGNS",
+    "block_values",
+    "dequantize",
+    "e2m1_rne",
+    "e4m3_rne",
+    "global_decode_scale",
+    "pack",
+    "quantize",
+    "rht",
+    "rht_matrix",
+    "round_to_bf16",
+    "unpack",
+]
+
+BLOCK = 16
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+GLOBAL_DENOM = E4M3_MAX * E2M1_MAX  # 2688
+FLT_MAX = float(np.finfo(np.float32).max)
+# TE's fixed wgrad RHT sign vector (hadamard.py get_wgrad_sign_vector; bitmask 0xD7E8).
+RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
+
+_F32_EXP_MASK = 0x7F800000
+_F32_MANT_MASK = 0x007FFFFF
+_F32_ABS_MASK = 0x7FFFFFFF
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact fp32 helpers (immune to flush-to-zero)
+# ----------------------------------------------------------------------------------------------
+def _bits(v):
+  return lax.bitcast_convert_type(v, jnp.uint32)
+
+
+def _from_bits(b):
+  return lax.bitcast_convert_type(b.astype(jnp.uint32), jnp.float32)
+
+
+def _pow2(e):
+  """2**e as fp32 for integer e in [-126, 127] (built from bits, exact)."""
+  e = jnp.asarray(e, jnp.int32)
+  return _from_bits(((e + 127) << 23).astype(jnp.uint32))
+
+
+def _to_f32_exact(x):
+  """Widen to fp32 without touching subnormals (a bf16 -> f32 convert may flush them)."""
+  if x.dtype == jnp.bfloat16:
+    b16 = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    return _from_bits(b16 << 16)
+  return x.astype(jnp.float32)
+
+
+def _split_subnormal(v):
+  """v == m * 2**k exactly, with m a normal fp32 (or zero) and k in {0, -126}.
+
+  A subnormal v = M * 2**-149 becomes m = M * 2**-23 (normal) and k = -126, so arithmetic on m never
+  meets an fp32 subnormal operand.
+  """
+  b = _bits(v)
+  is_sub = (b & _F32_EXP_MASK) == 0
+  mant = (b & _F32_MANT_MASK).astype(jnp.int32).astype(jnp.float32) * np.float32(2.0**-23)
+  m = jnp.where(is_sub, jnp.where((b >> 31) == 1, -mant, mant), v)
+  k = jnp.where(is_sub, jnp.int32(-126), jnp.int32(0))
+  return m, k
+
+
+def _mul_exact(a, b_normal):
+  """fl(a * b) for fp32 ``a`` possibly subnormal and ``b_normal`` normal, when the result is normal.
+
+  Results in the subnormal range may come back flushed to ±0; callers only use this where such a
+  result rounds to zero anyway (E4M3 scales below 2**-10, E2M1 values below 0.25).
+  """
+  m, k = _split_subnormal(a)
+  prod = m * b_normal
+  return jnp.where(k == 0, prod, prod * _pow2(-126))
+
+
+def _recip_exact(s):
+  """Correctly rounded fl(1/s) for a positive normal fp32 scalar ``s``, subnormal results included."""
+  s = jnp.asarray(s, jnp.float32)
+  b = _bits(s)
+  e_field = ((b >> 23) & 0xFF).astype(jnp.int32)
+  normal_result = 1.0 / jnp.minimum(s, np.float32(2.0**126))
+  # Subnormal result (s > 2**126): s = M * 2**(E-150) with a 24-bit integer M, so
+  # 1/s = 2**(299-E) / M * 2**-149 and the subnormal encoding is N = RNE(2**(299-E) / M).
+  big_m = ((b & _F32_MANT_MASK) | 0x00800000).astype(jnp.int32)
+  n_shift = 299 - e_field
+
+  def body(i, carry):
+    q, rem = carry
+    active = i < n_shift
+    rem2 = rem * 2
+    bit = (rem2 >= big_m).astype(jnp.int32)
+    q = jnp.where(active, q * 2 + bit, q)
+    rem = jnp.where(active, rem2 - bit * big_m, rem)
+    return q, rem
+
+  q, rem = lax.fori_loop(0, 48, body, (jnp.int32(0), jnp.int32(1)))
+  twice = rem * 2
+  round_up = (twice > big_m) | ((twice == big_m) & ((q & 1) == 1))
+  sub_result = _from_bits((q + round_up.astype(jnp.int32)).astype(jnp.uint32))
+  return jnp.where(s > np.float32(2.0**126), sub_result, normal_result)
+
+
+def _mul_e4m3_by_f32_exact(s8, d):
+  """Correctly rounded fl(s8 * d) for an E4M3 value ``s8 >= 0`` and an fp32 ``d > 0`` (scalar).
+
+  Exact even when the product (or ``d``) is an fp32 subnormal: s8 has at most 4 significant bits, so
+  the integer product of both significands fits in int32 and is rounded with RNE by integer shifts.
+  """
+  # s8 = k8 * 2**j8 with a 4-bit integer k8.
+  sb = _bits(s8)
+  se = ((sb >> 23) & 0xFF).astype(jnp.int32)
+  k8 = (((sb & _F32_MANT_MASK) | 0x00800000) >> 20).astype(jnp.int32)  # 1.xxx -> 4-bit integer
+  j8 = se - 127 - 3
+  # d = md * 2**jd with an integer md < 2**24.
+  db = _bits(d)
+  de = ((db >> 23) & 0xFF).astype(jnp.int32)
+  md = jnp.where(de == 0, db & _F32_MANT_MASK, (db & _F32_MANT_MASK) | 0x00800000).astype(jnp.int32)
+  jd = jnp.where(de == 0, jnp.int32(-149), de - 150)
+  prod = k8 * md  # < 2**28
+  exp = j8 + jd
+  nbits = 32 - lax.clz(prod)
+  shift = jnp.maximum(jnp.maximum(nbits - 24, -149 - exp), 0)
+  shift_c = jnp.minimum(shift, 31)
+  kept = prod >> shift_c
+  rem = prod - (kept << shift_c)
+  half = jnp.where(shift_c > 0, jnp.int32(1) << jnp.maximum(shift_c - 1, 0), 0)
+  up = (shift_c > 0) & ((rem > half) | ((rem == half) & ((kept & 1) == 1)))
+  kept = jnp.where(shift > 30, 0, kept + up.astype(jnp.int32))
+  exp = exp + shift
+  # Compose kept * 2**exp (kept <= 2**24). Subnormal range: exp == -149 and bits == kept.
+  as_sub = _from_bits(kept.astype(jnp.uint32))
+  as_norm = (kept.astype(jnp.float32) * np.float32(2.0**-23)) * _pow2(jnp.clip(exp + 23, -126, 127))
+  out = jnp.where(exp <= -149, as_sub, as_norm)
+  return jnp.where((prod == 0) | (s8 == 0), jnp.float32(0), out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Element rounding (explicit: survives XLA convert folding)
+# ----------------------------------------------------------------------------------------------
+def e2m1_rne(v):
+  """Round fp32 ``v`` (|v| <= 6 after clipping) to the E2M1 grid, RNE, saturating at ±6.
+
+  Keeps the sign of zero (like ``cvt.rn.satfinite.e2m1x2.f32`` and ml_dtypes).
+  """
+  a = jnp.minimum(jnp.abs(v), np.float32(E2M1_MAX))
+  step = jnp.where(a < 2.0, np.float32(0.5), jnp.where(a < 4.0, np.float32(1.0), np.float32(2.0)))
+  r = jnp.minimum(jnp.round(a / step) * step, np.float32(E2M1_MAX))
+  return jnp.copysign(r, v)
+
+
+def _e2m1_stochastic(v, u):
+  """Stochastic rounding to E2M1 as the PTX emulation in TE's ``ptx.cuh``: 8 random bits per element.
+
+  ``u = rbits / 256``; ``q = min(floor((|v| + u * step) / step) * step, 6)`` with the sign of v kept,
+  ``step`` the E2M1 spacing at |v| (0.5 below 2, 1 below 4, else 2).
+  """
+  a = jnp.minimum(jnp.abs(v), np.float32(E2M1_MAX))
+  step = jnp.where(a < 2.0, np.float32(0.5), jnp.where(a < 4.0, np.float32(1.0), np.float32(2.0)))
+  r = jnp.minimum(jnp.floor((a + u * step) / step) * step, np.float32(E2M1_MAX))
+  return jnp.copysign(r, v)
+
+
+def e4m3_rne(v):
+  """Round non-negative fp32 ``v`` (<= 448) to the E4M3 grid with RNE (subnormal step 2**-9)."""
+  b = _bits(v)
+  e = ((b >> 23) & 0xFF).astype(jnp.int32) - 127
+  step = jnp.where(e < -6, np.float32(2.0**-9), _pow2(jnp.clip(e - 3, -126, 127)))
+  return jnp.round(v / step) * step
+
+
+def round_to_bf16(v):
+  """RNE rounding of fp32 ``v`` to bf16 precision, kept in fp32 (bit arithmetic, never folded)."""
+  b = _bits(v)
+  rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) & np.uint32(0xFFFF0000)
+  finite = (b & _F32_EXP_MASK) != _F32_EXP_MASK
+  return _from_bits(jnp.where(finite, rounded, b))
+
+
+# ----------------------------------------------------------------------------------------------
+# Random Hadamard transform
+# ----------------------------------------------------------------------------------------------
+def rht_matrix(dtype=jnp.float32):
+  """TE's wgrad RHT matrix ``diag(RHT_SIGNS) @ H16 / 4`` (entries exactly ±0.25)."""
+  h = np.array([[1.0]])
+  for _ in range(4):
+    h = np.block([[h, h], [h, -h]])
+  m = np.diag(np.array(RHT_SIGNS, np.float64)) @ h / 4.0
+  return jnp.asarray(m, dtype)
+
+
+def rht(x, axis=-1):
+  """TE's 16-point RHT along ``axis``: ``y = x16 @ (diag(s) H16 / 4)``, fp32 accumulate, bf16 round.
+
+  Returns fp32 values on the bf16 grid. The kernels round the RHT output to bf16 before both the amax
+  and the quantization; so do we.
+  """
+  x = _to_f32_exact(jnp.asarray(x))
+  axis = axis % x.ndim
+  n = x.shape[axis]
+  _check_block_dim(x.shape, axis)
+  xb = x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
+  y = jnp.tensordot(xb, rht_matrix(), axes=[[axis + 1], [0]], precision=lax.Precision.HIGHEST)
+  y = jnp.moveaxis(y, -1, axis + 1).reshape(x.shape)
+  return round_to_bf16(y)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tensor container
+# ----------------------------------------------------------------------------------------------
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NVFP4Tensor:
+  """A quantized NVFP4 tensor (TE's data / scale_inv / amax triple).
+
+  data:     ``float4_e2m1fn``, same shape and layout as the input.
+  scale:    ``float8_e4m3fn`` block decode scales; the block axis (both last axes for 2D) divided by 16.
+  amax:     fp32 scalar: the per-tensor amax that sets the global scale (post-RHT when ``rht``).
+  axis:     the 1x16 block axis (non-negative), or None for 16x16 tiles over the last two axes.
+  block_2d: True for 16x16 tiles.
+  rht:      True when the values are in the RHT domain along ``axis``.
+  """
+
+  data: jax.Array
+  scale: jax.Array
+  amax: jax.Array
+  axis: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+  block_2d: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  rht: bool = dataclasses.field(default=False, metadata=dict(static=True))
+
+  @property
+  def shape(self):
+    return self.data.shape
+
+  def pack(self):
+    return pack(self.data)
+
+
+def _check_block_dim(shape, axis):
+  n = shape[axis]
+  if n % BLOCK:
+    raise ValueError(
+        f"NVFP4 quantization needs the block axis to be a multiple of {BLOCK}: axis {axis} has size {n}"
+        f" (shape {tuple(shape)}); pad it with zeros first"
+    )
+
+
+def _blocked(x, axis, block_2d):
+  """Reshape so each block is contiguous along the returned reduction axes (no transposes)."""
+  if block_2d:
+    r, c = x.shape[-2:]
+    return x.reshape(x.shape[:-2] + (r // BLOCK, BLOCK, c // BLOCK, BLOCK)), (x.ndim - 1, x.ndim + 1)
+  n = x.shape[axis]
+  return x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :]), (axis + 1,)
+
+
+def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None) -> NVFP4Tensor:
+  """Quantize ``x`` to NVFP4 exactly as TE's kernels do (see the module docstring for the formulas).
+
+  Args:
+    x: bf16 or fp32 array. fp32 values are used as given (TE's fallback kernel); bf16 is what the
+      optimized kernels take.
+    axis: the 1x16 block axis (the GEMM contraction axis). Ignored when ``block_2d``.
+    block_2d: 16x16 tiles over the last two axes (TE's weight path, ``NVFP4_2D_SCALING``).
+    rht: apply TE's 16-point RHT along ``axis`` first (the wgrad operands); the amax is then the
+      post-RHT amax and the result stays in the RHT domain.
+    stochastic_key: a ``jax.random`` key for stochastic rounding of the elements (gradients);
+      ``None`` means RNE.
+
+  Raises:
+    TypeError: non-floating input.
+    ValueError: a block axis whose length is not a multiple of 16.
+  """
+  x = jnp.asarray(x)
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"NVFP4 quantize needs a floating-point array (bf16 or fp32), got dtype {x.dtype}")
+  if block_2d:
+    if x.ndim < 2:
+      raise ValueError(f"2D (16x16) NVFP4 blocks need at least 2 dims, got shape {x.shape}")
+    if rht:
+      raise ValueError("RHT applies to 1x16 (column-wise) quantization only, not to 16x16 blocks")
+    _check_block_dim(x.shape, x.ndim - 2)
+    _check_block_dim(x.shape, x.ndim - 1)
+    axis_n = None
+  else:
+    if x.ndim == 0:
+      raise ValueError("cannot quantize a scalar")
+    axis_n = axis % x.ndim
+    _check_block_dim(x.shape, axis_n)
+
+  xf = globals()["rht"](x, axis_n) if rht else _to_f32_exact(x)
+
+  xb, red = _blocked(xf, axis_n, block_2d)
+  abs_bits = (_bits(xb) & _F32_ABS_MASK).astype(jnp.int32)  # integer max: exact, NaN-propagating
+  bamax_bits = jnp.max(abs_bits, axis=red, keepdims=True)
+  amax = _from_bits(jnp.max(bamax_bits))
+  bamax = _from_bits(bamax_bits)
+
+  # Per-tensor scales (CUDA compute_global_encode_scaling_factor_FP4).
+  amax_is_sub = (_bits(amax) & _F32_EXP_MASK) == 0
+  s_enc = jnp.minimum(np.float32(GLOBAL_DENOM) / jnp.where(amax_is_sub, 1.0, amax), np.float32(FLT_MAX))
+  s_enc = jnp.where(amax_is_sub, np.float32(FLT_MAX), s_enc)  # 2688 / subnormal overflows
+  s_enc = jnp.where((amax == 0) | (s_enc == 0), np.float32(1.0), s_enc)
+  s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
+  s_dec = _recip_exact(jnp.where(jnp.isnan(s_enc), 1.0, s_enc))
+  s_dec = jnp.where(jnp.isnan(s_enc), s_enc, s_dec)
+
+  # Per-block decode scale, E4M3: fl(bamax * fl(S_enc * fl(1/6))), saturated to 448, RNE.
+  c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
+  dec = jnp.minimum(_mul_exact(bamax, c), np.float32(E4M3_MAX))
+  s8 = e4m3_rne(dec)
+  # Per-block encode scale: min(1 / fl(s8 * S_dec), FLT_MAX).
+  p = _mul_e4m3_by_f32_exact(s8, s_dec)
+  pm, pk = _split_subnormal(p)
+  r = 1.0 / pm
+  enc = jnp.where(pk == 0, r, r * np.float32(2.0**63) * np.float32(2.0**63))
+  enc = jnp.where(jnp.isnan(enc), enc, jnp.minimum(enc, np.float32(FLT_MAX)))
+  enc = jnp.where(jnp.isnan(s8), s8, enc)
+
+  y = _mul_exact(xb, enc)
+  y = jnp.where(jnp.isnan(y), y, jnp.clip(y, -E2M1_MAX, E2M1_MAX))
+  if stochastic_key is None:
+    q = e2m1_rne(y)
+  else:
+    rbits = jax.random.bits(stochastic_key, y.shape, jnp.uint8)
+    q = _e2m1_stochastic(y, rbits.astype(jnp.float32) * np.float32(1.0 / 256.0))
+  q = jnp.where(jnp.isnan(q), np.float32(E2M1_MAX), q)
+
+  data = q.reshape(x.shape).astype(jnp.float4_e2m1fn)
+  scale = jnp.squeeze(s8, axis=red).astype(jnp.float8_e4m3fn)
+  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=axis_n, block_2d=block_2d, rht=rht)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dequantization and GEMM-side views
+# ----------------------------------------------------------------------------------------------
+def _expand_scale(t: NVFP4Tensor, s):
+  if t.block_2d:
+    return jnp.repeat(jnp.repeat(s, BLOCK, axis=-2), BLOCK, axis=-1)
+  return jnp.repeat(s, BLOCK, axis=t.axis)
+
+
+def global_decode_scale(t: NVFP4Tensor):
+  """``amax / 2688`` in fp32: TE JAX's per-operand GEMM factor (``alpha`` is the product of two)."""
+  return t.amax / np.float32(GLOBAL_DENOM)
+
+
+def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
+  """``q * s8`` expanded to the data's shape, without the global scale.
+
+  Exact in bf16: an E2M1 value (2 significant bits) times an E4M3 scale (4 bits) has at most 6
+  significant bits and lies in [2**-10, 2688]. Feeding these to an ordinary GEMM with fp32 accumulation
+  and multiplying the result by ``global_decode_scale(a) * global_decode_scale(b)`` is the Tensor-Core
+  NVFP4 GEMM up to accumulation order.
+  """
+  v = t.data.astype(jnp.float32) * _expand_scale(t, t.scale.astype(jnp.float32))
+  return v.astype(dtype)
+
+
+def dequantize(t: NVFP4Tensor, dtype=jnp.float32):
+  """TE JAX's dequantizer: ``float(q) * (float(s8) * (amax / 2688))``, in that order, cast to ``dtype``.
+
+  Values stay in the RHT domain when ``t.rht`` (TE applies the inverse RHT separately; for a GEMM the
+  two RHTs cancel, H being orthogonal). Exact in fp32 except where ``amax / 2688`` or the products fall
+  in the fp32 subnormal range on a flush-to-zero backend (tensors with amax below ~1e-34).
+  """
+  g = _expand_scale(t, t.scale.astype(jnp.float32) * global_decode_scale(t))
+  return (t.data.astype(jnp.float32) * g).astype(dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# TE byte layout
+# ----------------------------------------------------------------------------------------------
+def _e2m1_codes(data):
+  v = data.astype(jnp.float32)
+  a = jnp.abs(v)
+  idx = jnp.where(a < 2.0, a * 2.0, jnp.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).astype(jnp.uint8)
+  sign = jnp.signbit(v).astype(jnp.uint8)
+  return idx | (sign << 3)
+
+
+def pack(data) -> jax.Array:
+  """Pack E2M1 values two per uint8 along the last axis (TE's fp4x2: element 2i in the low nibble)."""
+  codes = _e2m1_codes(jnp.asarray(data))
+  if codes.shape[-1] % 2:
+    raise ValueError(f"pack needs an even last dimension, got shape {codes.shape}")
+  pairs = codes.reshape(codes.shape[:-1] + (codes.shape[-1] // 2, 2))
+  return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+_E2M1_TABLE = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+
+def unpack(packed) -> jax.Array:
+  """Inverse of :func:`pack`: uint8 (..., n/2) -> ``float4_e2m1fn`` (..., n)."""
+  packed = jnp.asarray(packed, jnp.uint8)
+  codes = jnp.stack([packed & 0xF, packed >> 4], axis=-1).reshape(packed.shape[:-1] + (packed.shape[-1] * 2,))
+  return jnp.asarray(_E2M1_TABLE)[codes.astype(jnp.int32)].astype(jnp.float4_e2m1fn)
+
+
+def as_numpy(t: NVFP4Tensor) -> dict[str, Any]:
+  """fp32 numpy copies of data, scale and amax (for comparisons and serialization)."""
+  return dict(
+      data=np.asarray(t.data.astype(jnp.float32)),
+      scale=np.asarray(t.scale.astype(jnp.float32)),
+      amax=np.float32(t.amax),
+  )

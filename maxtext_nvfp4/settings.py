@@ -1,0 +1,154 @@
+"""The ``nvfp4_*`` config keys: names, types, defaults, allowed values and cross-key validation.
+
+Pure Python (no JAX, no MaxText import). This is the single source of truth for our keys: the MaxText
+plugin registers them from here, the patch set's schema/base.yml hunks are checked against them, and
+``doctor`` prints them. Defaults follow TE's ``NVFP4BlockScaling`` recipe (RHT on, stochastic
+rounding on, 2D weights on) and MaxText's ``te_nvfp4`` (every projection of every decoder layer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+BACKENDS = ("auto", "emulate", "te")
+TARGETS = ("all", "mlp", "attention")
+FALLBACKS = ("bf16", "fp8")
+SWITCH_SCOPES = ("forward", "all")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Nvfp4Settings:
+  """Effective NVFP4 recipe settings (one per run). Field ``f`` is config key ``nvfp4_<f>``."""
+
+  # Where NVFP4 GEMMs run: auto (TE on Blackwell, else emulate), emulate (exact pure JAX), te.
+  backend: str = "auto"
+  # Which decoder projections run in NVFP4: all (attention + MLP, like te_nvfp4), mlp, attention.
+  targets: str = "all"
+  # 16-point random Hadamard transform on the wgrad operands (TE: not disable_rht).
+  rht: bool = True
+  # Stochastic rounding of the output gradient (dgrad and wgrad operands) (TE: not disable_stochastic_rounding).
+  stochastic_rounding: bool = True
+  # 16x16 block scales for weights (TE: not disable_2d_quantization); False = 1x16 along K.
+  two_d_weights: bool = True
+  # Number of first / last decoder layers whose GEMMs are not NVFP4 (they run in `fallback`).
+  keep_first_layers: int = 0
+  keep_last_layers: int = 0
+  # Precision of every GEMM that is not NVFP4 (untargeted projections, kept layers): bf16 or fp8.
+  fallback: str = "bf16"
+  # Late precision switch: from this step on, `switch_scope` passes run in `switch_to`.
+  # <= 0: off; 0 < v < 1: fraction of `steps`; >= 1: the step number.
+  switch_at_step: float = -1
+  switch_to: str = "bf16"
+  # forward: only fprop switches (the paper's cheap fix); all: fprop, dgrad and wgrad.
+  switch_scope: str = "forward"
+  # Seed mixed with (step, layer, role) for stochastic-rounding randomness.
+  seed: int = 0
+  # Per-GEMM-role quantization statistics in MaxText's metrics, every `diagnostics_interval` steps.
+  diagnostics: bool = False
+  diagnostics_interval: int = 10
+
+  def switch_step(self, total_steps: int | None) -> int | None:
+    """The first step that runs in ``switch_to``, or None when the switch is off."""
+    v = float(self.switch_at_step)
+    if v <= 0:
+      return None
+    if v < 1:
+      if not total_steps:
+        raise ValueError("nvfp4_switch_at_step given as a fraction needs `steps`")
+      return int(round(v * total_steps))
+    return int(v)
+
+
+# key name -> (python type, allowed values or None, one-line help)
+KEY_HELP: dict[str, str] = {
+    "backend": "auto | emulate | te",
+    "targets": "all | mlp | attention",
+    "rht": "bool: RHT16 on wgrad operands",
+    "stochastic_rounding": "bool: SR on output gradients",
+    "two_d_weights": "bool: 16x16 weight blocks",
+    "keep_first_layers": "int >= 0",
+    "keep_last_layers": "int >= 0",
+    "fallback": "bf16 | fp8",
+    "switch_at_step": "<=0 off, (0,1) fraction of steps, >=1 step",
+    "switch_to": "bf16 | fp8",
+    "switch_scope": "forward | all",
+    "seed": "int",
+    "diagnostics": "bool",
+    "diagnostics_interval": "int >= 1",
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "backend": BACKENDS,
+    "targets": TARGETS,
+    "fallback": FALLBACKS,
+    "switch_to": FALLBACKS,
+    "switch_scope": SWITCH_SCOPES,
+}
+
+
+def config_key(field: str) -> str:
+  """Config key of a settings field (``two_d_weights`` is spelled ``nvfp4_2d_weights``)."""
+  return "nvfp4_2d_weights" if field == "two_d_weights" else f"nvfp4_{field}"
+
+
+def field_of_key(key: str) -> str:
+  return "two_d_weights" if key == "nvfp4_2d_weights" else key[len("nvfp4_") :]
+
+
+def config_keys() -> dict[str, Any]:
+  """``{config key: default}`` for every ``nvfp4_*`` key, in declaration order."""
+  return {config_key(f.name): f.default for f in dataclasses.fields(Nvfp4Settings)}
+
+
+def field_types() -> dict[str, type]:
+  return {config_key(f.name): type(f.default) for f in dataclasses.fields(Nvfp4Settings)}
+
+
+class SettingsError(ValueError):
+  """An invalid ``nvfp4_*`` value or combination. The message is one line naming key, value, fix."""
+
+
+def from_config(cfg: Any) -> Nvfp4Settings:
+  """Build settings from a MaxText config (attribute access) or a mapping of config keys."""
+  get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d: getattr(cfg, k, d))
+  values = {}
+  for f in dataclasses.fields(Nvfp4Settings):
+    v = get(config_key(f.name), f.default)
+    values[f.name] = getattr(v, "value", v)  # enum members -> plain values
+  return Nvfp4Settings(**values)
+
+
+def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | None = None,
+             scan_layers: bool | None = None) -> None:
+  """Raise :class:`SettingsError` (one line: key, value, allowed) for an invalid value or combination."""
+  for field, allowed in CHOICES.items():
+    v = getattr(s, field)
+    if v not in allowed:
+      raise SettingsError(f"{config_key(field)}={v!r} is not allowed; choose one of: {', '.join(allowed)}")
+  for field in ("keep_first_layers", "keep_last_layers"):
+    v = getattr(s, field)
+    if int(v) != v or v < 0:
+      raise SettingsError(f"{config_key(field)}={v!r} must be an integer >= 0")
+  if s.diagnostics_interval < 1:
+    raise SettingsError(f"nvfp4_diagnostics_interval={s.diagnostics_interval!r} must be >= 1")
+  kept = s.keep_first_layers + s.keep_last_layers
+  if num_layers is not None and kept and kept >= num_layers:
+    raise SettingsError(
+        f"nvfp4_keep_first_layers={s.keep_first_layers} + nvfp4_keep_last_layers={s.keep_last_layers} keeps"
+        f" all {num_layers} decoder layers out of NVFP4; keep fewer than {num_layers} in total"
+    )
+  if scan_layers and kept:
+    raise SettingsError(
+        f"nvfp4_keep_first_layers/nvfp4_keep_last_layers ({s.keep_first_layers}/{s.keep_last_layers}) need"
+        " per-layer modules; set scan_layers=false"
+    )
+  sw = float(s.switch_at_step)
+  if sw > 0:
+    if sw >= 1 and sw != int(sw):
+      raise SettingsError(f"nvfp4_switch_at_step={s.switch_at_step!r}: use a step number (>= 1) or a fraction in (0, 1)")
+    if steps is not None and sw >= 1 and sw >= steps:
+      raise SettingsError(
+          f"nvfp4_switch_at_step={int(sw)} is not before the last step (steps={steps}); use a step < {steps}"
+          " or a fraction in (0, 1)"
+      )

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create ./.venv with a Python >= 3.12 and install maxtext-nvfp4 (+ test tools) into it. Idempotent:
+# re-running only reinstalls when pyproject.toml changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=$(bash scripts/find_python.sh)
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV with $PY"
+  "$PY" -m venv "$VENV"
+fi
+stamp="$VENV/.maxtext_nvfp4_installed"
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing maxtext-nvfp4 and its dependencies (first time: a few minutes, ~2.5 GB)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+"$VENV/bin/python" -c 'import maxtext_nvfp4, maxtext, jax; print("[setup] ok: maxtext", maxtext.__version__ if hasattr(maxtext, "__version__") else "0.2.5", "jax", jax.__version__)'
