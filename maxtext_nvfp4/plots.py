@@ -1,0 +1,113 @@
+"""Slide-ready figures for ``compare``: ``loss.png`` (curves + gap panel) and ``throughput.png``.
+
+Figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot global state, no display
+needed) and returned, so tests can read the drawn data back: every curve carries a ``gid``
+(``raw:NAME``, ``smoothed:NAME``, ``gap:NAME``) and every bar a ``gid`` (``step_time:NAME``,
+``tokens:NAME``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from maxtext_nvfp4 import compare as _c  # noqa: E402
+
+_COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
+
+
+def _color(i: int) -> str:
+  return _COLORS[i % len(_COLORS)]
+
+
+def loss_figure(c: "_c.Comparison") -> Figure:
+  """Top: raw (faint) and smoothed training loss per run; bottom: smoothed gap vs the baseline."""
+  fig = Figure(figsize=(10, 7.5), dpi=100)
+  FigureCanvasAgg(fig)
+  top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  for i, res in enumerate(c.results):
+    steps = res.run.sorted_steps
+    loss = [res.run.steps[s][_c.LOSS] for s in steps]
+    top.plot(steps, loss, color=_color(i), alpha=0.25, linewidth=0.8, gid=f"raw:{res.run.name}")
+    finite = [(s, v) for s, v in zip(steps, loss) if math.isfinite(v)]
+    if finite:
+      fs, fv = zip(*finite)
+      top.plot(fs, _c.moving_average(fv, c.smooth), color=_color(i), linewidth=2,
+               label=res.run.name + (" (baseline)" if res.is_baseline else ""), gid=f"smoothed:{res.run.name}")
+    bad = res.run.first_nonfinite_step()
+    if bad is not None:
+      top.axvline(bad, color=_color(i), linestyle=":", linewidth=1.5)
+      top.annotate(f"{res.run.name}: non-finite loss", (bad, 0.95), xycoords=("data", "axes fraction"),
+                   color=_color(i), fontsize=8, ha="right")
+  top.set_ylabel("training loss")
+  title = f"Training loss (trailing {c.smooth}-step average)"
+  top.set_title((c.label + "\n" if c.label else "") + title)
+  top.grid(alpha=0.3)
+  top.legend(loc="upper right")
+
+  tol = c.options.tolerance
+  bottom.axhline(0.0, color="black", linewidth=0.8)
+  bottom.axhline(tol, color="#c44e52", linestyle="--", linewidth=1, label=f"tolerance +{tol:g}")
+  start = None
+  for i, res in enumerate(c.results):
+    if res.is_baseline or res.loss is None:
+      continue
+    ls = res.loss
+    gaps = [res.run.steps[s][_c.LOSS] - c.results[0].run.steps[s][_c.LOSS] for s in ls.steps]
+    bottom.plot(ls.steps, _c.moving_average(gaps, c.smooth), color=_color(i), linewidth=1.8,
+                label=f"{res.run.name} − {c.results[0].run.name} (mean "
+                      f"{'n/a' if ls.mean_gap is None else format(ls.mean_gap, '+.4f')})",
+                gid=f"gap:{res.run.name}")
+    if ls.converged_start_step is not None:
+      start = ls.converged_start_step if start is None else start  # shade for the first compared run
+  if start is not None:
+    lo = min(min(r.run.steps) for r in c.results)
+    bottom.axvspan(lo, start, color="gray", alpha=0.12, label="excluded (not converged)")
+  bottom.set_xlabel("step")
+  bottom.set_ylabel("loss gap (nats)")
+  bottom.set_title(f"Gap vs baseline {c.results[0].run.name} — verdict {c.verdict}", fontsize=10)
+  bottom.grid(alpha=0.3)
+  bottom.legend(loc="upper right", fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def throughput_figure(c: "_c.Comparison") -> Figure:
+  """Bars: median step time (annotated with the speedup) and tokens/s/device per run."""
+  fig = Figure(figsize=(10, 4.5), dpi=100)
+  FigureCanvasAgg(fig)
+  left, right = fig.subplots(1, 2)
+  names = [r.run.name for r in c.results]
+  for ax, attr, gid, ylabel in ((left, "median_step_time", "step_time", "median step time (s)"),
+                                (right, "tokens_per_sec", "tokens", "tokens/s/device")):
+    for i, res in enumerate(c.results):
+      v = getattr(res.throughput, attr)
+      bar = ax.bar(i, 0.0 if v is None else v, color=_color(i), gid=f"{gid}:{res.run.name}")
+      if v is None:
+        ax.annotate("n/a", (i, 0), ha="center", va="bottom")
+      elif attr == "median_step_time":
+        sp = 1.0 if res.is_baseline else res.throughput.speedup
+        ax.annotate(f"{v:.3g} s\n{'' if sp is None else format(sp, '.2f') + 'x'}",
+                    (bar[0].get_x() + bar[0].get_width() / 2, v), ha="center", va="bottom", fontsize=9)
+      else:
+        ax.annotate(f"{v:,.0f}", (bar[0].get_x() + bar[0].get_width() / 2, v), ha="center", va="bottom",
+                    fontsize=9)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(ylabel)
+    ax.margins(y=0.2)
+    ax.grid(axis="y", alpha=0.3)
+  skipped = ", ".join(f"{r.run.name}: {r.throughput.measured} steps" for r in c.results)
+  left.set_title("Median step time after warm-up (speedup vs baseline)", fontsize=10)
+  right.set_title("Throughput per device", fontsize=10)
+  fig.suptitle((c.label + " — " if c.label else "") + f"measured steps: {skipped}", fontsize=9)
+  fig.tight_layout()
+  return fig
+
+
+def save(fig: Figure, path: str) -> None:
+  fig.savefig(path)
