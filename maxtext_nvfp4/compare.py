@@ -18,8 +18,8 @@ or a directory holding one, optionally written ``NAME=PATH`` to name it. The fir
   ``final loss`` = mean of the last ``max(1, ceil(n / 10))`` common steps.
   The *converged part* is the common steps at positions ``floor(f * n) .. n-1`` (``f = 0.2`` by default:
   everything after the first 20 % of steps). ``mean gap`` = mean of ``gap_i`` over the converged part;
-  ``max gap`` = max over the converged part of the trailing moving average (window ``--smooth``) of
-  ``gap_i``; ``relative gap`` = ``mean gap / mean baseline loss over the converged part``.
+  ``max gap`` = max of the trailing moving average (window ``--smooth``) of ``gap_i`` computed over the
+  converged part alone (no early-step gap leaks in); ``relative gap`` = ``mean gap / mean baseline loss over the converged part``.
 * Verdict: PASS when ``mean gap <= --tolerance`` (default 0.03 nats; NVIDIA's published Llama-3 8B
   NVFP4-vs-FP8 gap is +0.026) and the run has no non-finite loss; else FAIL.
   Exit code: 0 all PASS, 1 any FAIL, 2 bad input.
@@ -308,7 +308,7 @@ def loss_stats(run: Run, base: Run, opts: Options, smooth: int) -> LossStats | N
   mean_gap = max_gap = rel = None
   if conv:
     mean_gap = math.fsum(conv) / len(conv)
-    max_gap = max(moving_average(gaps, smooth)[start:])
+    max_gap = max(moving_average(conv, smooth))  # smoothed within the converged part only
     base_mean = math.fsum(lb[start:]) / len(conv)
     rel = mean_gap / base_mean if base_mean else None
   ev = run.eval_loss[max(run.eval_loss)] if run.eval_loss else None
@@ -459,7 +459,7 @@ def definitions(c: Comparison) -> list[str]:
       "loss). Final loss: mean of the last max(1, ceil(n/10)) of those steps.",
       f"- Converged part: those steps from position floor({o.converged_from:g}·n) on (the first "
       f"{100 * o.converged_from:g} % dropped). Mean gap: mean of (run − baseline) loss over it; max gap: "
-      f"max over it of the trailing {c.smooth}-step moving average of the gap; relative gap: mean gap / mean "
+      f"max of the trailing {c.smooth}-step moving average of the gap, taken within it; relative gap: mean gap / mean "
       "baseline loss over it.",
       f"- Verdict: PASS when mean gap ≤ {o.tolerance:g} nats and the loss stays finite "
       f"(NVIDIA's published Llama-3 8B NVFP4 vs FP8 gap: +{PUBLISHED_GAP}).",
