@@ -1,0 +1,203 @@
+"""Which NVFP4 backend runs here: ``emulate`` (exact pure JAX, anywhere) or ``te`` (TE on Blackwell).
+
+Rule (``nvfp4_backend``):
+
+  * ``auto`` (default) -> ``te`` when every local JAX device is a GPU with compute capability >= 10.0
+    **and** Transformer Engine JAX imports; otherwise ``emulate``, with the reason.
+  * ``emulate`` -> ``emulate``, always.
+  * ``te`` -> ``te`` under the same conditions as ``auto``; otherwise :class:`BackendError`, one line
+    that says why and what to do, raised at config time (before any compilation).
+
+Why ``>= 10.0``: TE JAX refuses NVFP4 below that (``_check_fp4_support``: "Device compute capability
+10.0 or higher required for NVFP4 execution."); Hopper (9.0) has no FP4 tensor cores.
+
+This module never imports Transformer Engine (or any CUDA extension) at module load. The TE import is
+attempted only inside :func:`te_unavailable_reason`, and :func:`choose_backend` calls it only after
+the devices qualify, so on CPU/Hopper hosts TE is never imported. Every probe is injectable so tests
+can fake device kinds and TE presence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+from typing import Any, Callable, Sequence
+
+BACKENDS = ("auto", "emulate", "te")
+# TE JAX's NVFP4 requirement (transformer_engine/jax/quantize/helper.py `_check_fp4_support`).
+MIN_COMPUTE_CAPABILITY = 10.0
+INSTALL_HINT = "install the te extra: pip install 'maxtext-nvfp4[te]'"
+EMULATE_HINT = "or set nvfp4_backend=emulate"
+# pip distributions that carry TE's JAX binding, most specific first.
+TE_DISTRIBUTIONS = ("transformer-engine-jax", "transformer_engine_jax", "transformer-engine", "transformer_engine")
+
+_PROBE: Any = object()  # sentinel: "probe the real environment"
+_log = logging.getLogger(__name__)
+
+
+class BackendError(ValueError):
+  """``nvfp4_backend`` cannot be honoured here. The message is one line: why, and what to do."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BackendChoice:
+  """The backend a run uses and why (printed once at start and by ``maxtext-nvfp4 doctor``)."""
+
+  # "emulate" (exact pure-JAX NVFP4) or "te" (Transformer Engine NVFP4 kernels on Blackwell).
+  name: str
+  # One line: the rule that decided, naming the device / TE state that mattered.
+  reason: str
+
+
+def te_version() -> str | None:
+  """Installed Transformer Engine (JAX) version from package metadata, or None. Never imports TE."""
+  for dist in TE_DISTRIBUTIONS:
+    try:
+      return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+      continue
+  return None
+
+
+def te_unavailable_reason() -> str | None:
+  """None when ``transformer_engine.jax`` imports, else a short reason (the import error).
+
+  This *does* import TE JAX (and so its CUDA extension); call it only where TE may be used.
+  """
+  try:
+    importlib.import_module("transformer_engine.jax")
+  except Exception as e:  # ImportError, or OSError/RuntimeError from a CUDA library mismatch
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+  return None
+
+
+def device_compute_capability(device) -> float | None:
+  """Compute capability of a CUDA device as a float (``"10.0"`` -> 10.0, ``"12.0"`` -> 12.0).
+
+  None for non-GPU devices and GPUs that do not report one (ROCm). JAX exposes it as the string
+  attribute ``device.compute_capability`` on CUDA devices.
+  """
+  if getattr(device, "platform", None) != "gpu":
+    return None
+  cc = getattr(device, "compute_capability", None)
+  if cc is None:
+    return None
+  try:
+    return float(cc)
+  except (TypeError, ValueError):
+    try:  # tolerate "10.0a"-style strings or (major, minor) tuples
+      if isinstance(cc, (tuple, list)):
+        return float(f"{int(cc[0])}.{int(cc[1])}")
+      major, _, minor = str(cc).partition(".")
+      return float(f"{int(major)}.{int(''.join(ch for ch in minor if ch.isdigit()) or 0)}")
+    except (TypeError, ValueError, IndexError):
+      return None
+
+
+def describe_device(device) -> str:
+  """``"gpu 0 (NVIDIA B200, cc 10.0)"`` / ``"cpu 0 (cpu)"``: one device for messages and doctor."""
+  platform = getattr(device, "platform", "?")
+  kind = getattr(device, "device_kind", "?")
+  cc = device_compute_capability(device)
+  extra = f", cc {cc:.1f}" if cc is not None else ""
+  return f"{platform} {getattr(device, 'id', '?')} ({kind}{extra})"
+
+
+def _device_problem(devices: Sequence[Any]) -> str | None:
+  """None when every device is a GPU with cc >= 10.0; else why not (naming the first bad device)."""
+  if not devices:
+    return "no JAX devices are visible"
+  for d in devices:
+    cc = device_compute_capability(d)
+    if getattr(d, "platform", None) != "gpu":
+      return f"device {describe_device(d)} is not a GPU; TE's NVFP4 kernels need NVIDIA Blackwell (compute capability >= 10.0)"
+    if cc is None:
+      return f"device {describe_device(d)} reports no CUDA compute capability; TE's NVFP4 kernels need compute capability >= 10.0"
+    if cc < MIN_COMPUTE_CAPABILITY:
+      return f"device {describe_device(d)} has compute capability {cc:.1f} < 10.0 (no FP4 tensor cores)"
+  return None
+
+
+def choose_backend(
+    requested: str = "auto",
+    *,
+    devices: Sequence[Any] | None = None,
+    te_version: str | None = _PROBE,  # pylint: disable=redefined-outer-name
+    te_import_error: str | None | Callable[[], str | None] = _PROBE,
+) -> BackendChoice:
+  """Resolve ``nvfp4_backend`` to ``emulate`` or ``te`` (see the module docstring for the rule).
+
+  Args:
+    requested: ``auto`` | ``emulate`` | ``te``.
+    devices: the local devices to judge (default ``jax.local_devices()``); anything with ``platform``,
+      ``device_kind``, ``id`` and, for CUDA, ``compute_capability`` works (tests pass fakes).
+    te_version: installed TE version or None (default: package metadata via :func:`te_version`).
+    te_import_error: None when TE JAX imports, else the reason; or a zero-arg callable returning
+      that. Default: :func:`te_unavailable_reason` when TE is installed, else "not installed".
+      When ``te_version`` is injected as a string and this is not, TE is assumed to import.
+      It is evaluated only when the devices qualify, so CPU/Hopper hosts never import TE.
+
+  Raises:
+    BackendError: unknown ``requested``, or ``te`` requested where it cannot run (one line).
+  """
+  requested = str(getattr(requested, "value", requested))
+  if requested not in BACKENDS:
+    raise BackendError(f"nvfp4_backend={requested!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
+  if requested == "emulate":
+    return BackendChoice(name="emulate", reason="nvfp4_backend=emulate requested: exact pure-JAX NVFP4 emulation")
+
+  if devices is None:
+    import jax  # pylint: disable=import-outside-toplevel
+
+    devices = jax.local_devices()
+  devices = list(devices)
+
+  version_injected = te_version is not _PROBE
+  # The parameter shadows the module-level probe of the same name (the contract's spelling).
+  version = te_version if version_injected else globals()["te_version"]()
+
+  problem = _device_problem(devices)
+  if problem is None:
+    if te_import_error is _PROBE:
+      if version is None:
+        te_problem = "Transformer Engine is not installed"
+      elif version_injected:
+        te_problem = None
+      else:
+        err = te_unavailable_reason()
+        te_problem = None if err is None else f"Transformer Engine {version} is installed but transformer_engine.jax fails to import ({err})"
+    else:
+      err = te_import_error() if callable(te_import_error) else te_import_error
+      te_problem = None if err is None else f"Transformer Engine JAX is unavailable ({err})"
+    if te_problem is None:
+      kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
+      reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version or '?'} JAX imports"
+      return BackendChoice(name="te", reason=f"nvfp4_backend={requested}: {reason}")
+    if requested == "te":
+      raise BackendError(f"nvfp4_backend=te cannot run: {te_problem}; {INSTALL_HINT}, {EMULATE_HINT}")
+    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {te_problem}; using the exact emulation ({INSTALL_HINT} to use TE)")
+
+  if requested == "te":
+    te_note = "" if version is not None else " (and Transformer Engine is not installed: " + INSTALL_HINT + ")"
+    raise BackendError(f"nvfp4_backend=te cannot run: {problem}{te_note}; set nvfp4_backend=emulate (or auto) to run the exact emulation here")
+  te_note = f"Transformer Engine {version} installed" if version is not None else "Transformer Engine not installed"
+  return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {problem}; {te_note}; using the exact emulation")
+
+
+_announced: set[tuple[str, str]] = set()
+
+
+def announce(choice: BackendChoice, log: Callable[[str], None] | None = None) -> bool:
+  """Log ``choice`` once per process (MaxText builds its quantization object several times per run).
+
+  Returns True when it logged, False when this exact choice was already announced.
+  """
+  key = (choice.name, choice.reason)
+  if key in _announced:
+    return False
+  _announced.add(key)
+  (log or _log.warning)(f"maxtext-nvfp4: NVFP4 backend = {choice.name} ({choice.reason})")
+  return True

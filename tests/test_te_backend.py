@@ -1,0 +1,263 @@
+"""TE adapter tests.
+
+The CPU tests are WIRING tests: Transformer Engine is not installed here (it needs CUDA), so a small
+fake of the TE names MaxText's ``TransformerEngineQuantization`` and our adapter touch is injected via
+``sys.modules``. The fake records which recipe each GEMM was built with and which rng key TE's
+NVFP4 quantizer drew; its "GEMM" is a plain ``lax.dot_general``. They prove the plumbing (toggles
+mapped, plan honoured, bf16 GEMMs not routed to TE, ``sr_rng`` served per step), not TE's numerics.
+The ``blackwell`` tests at the bottom use real TE and run only where TE and a cc >= 10.0 GPU exist.
+"""
+
+import dataclasses
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from flax import nnx
+
+from maxtext_nvfp4 import capability, settings as settings_mod, te_backend
+
+
+# ----------------------------------------------------------------------------------------------
+# A fake of the TE names used (recipe classes, flax.module.TransformerEngineBase, dense.dense,
+# cpp_extensions' collective-op names). Mirrors TE 2.x signatures as read from its source.
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class FakeNVFP4BlockScaling:
+  disable_rht: bool = False
+  disable_stochastic_rounding: bool = False
+  disable_2d_quantization: bool = False
+
+
+@dataclasses.dataclass
+class FakeFloat8CurrentScaling:
+  pass
+
+
+class _Other:
+  pass
+
+
+DENSE_CALLS: list[dict] = []
+
+
+class FakeTransformerEngineBase(nn.Module):
+  """Like TE's: builds a quantizer set; NVFP4 with SR draws module.make_rng('sr_rng') (helper.py)."""
+
+  def generate_quantizer_set(self, postfix="", variable_collection=None, quantization_checkpoint_name=None,
+                             fp8_recipe=None, n_groups=None):
+    sr_key = None
+    if isinstance(fp8_recipe, FakeNVFP4BlockScaling) and not fp8_recipe.disable_stochastic_rounding:
+      sr_key = self.make_rng("sr_rng")
+    return dict(recipe=fp8_recipe, sr_key=sr_key, collection=variable_collection,
+                checkpoint_name=quantization_checkpoint_name)
+
+
+def fake_dense(x, kernel, contracting_dims, quantizer_set, collective_op_set=None):
+  DENSE_CALLS.append(dict(quantizer_set=quantizer_set, collective=collective_op_set))
+  return jax.lax.dot_general(x, kernel, (contracting_dims, ((), ())))
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+  DENSE_CALLS.clear()
+  te = types.ModuleType("transformer_engine")
+  common = types.ModuleType("transformer_engine.common")
+  recipe = types.ModuleType("transformer_engine.common.recipe")
+  recipe.NVFP4BlockScaling = FakeNVFP4BlockScaling
+  recipe.Float8CurrentScaling = FakeFloat8CurrentScaling
+  recipe.DelayedScaling = recipe.MXFP8BlockScaling = recipe.Recipe = _Other
+  tej = types.ModuleType("transformer_engine.jax")
+  tex = types.ModuleType("transformer_engine.jax.cpp_extensions")
+  tex.noop_collective_op_set = "noop"
+  tex.CollectiveOp = types.SimpleNamespace(ALL_GATHER="ag", REDUCE_SCATTER="rs")
+  tex.CollectiveOpSet = types.SimpleNamespace(create=lambda op: f"set:{op}")
+  flax_mod = types.ModuleType("transformer_engine.jax.flax")
+  flax_mod.module = types.SimpleNamespace(TransformerEngineBase=FakeTransformerEngineBase)
+  dense_mod = types.ModuleType("transformer_engine.jax.dense")
+  dense_mod.dense = fake_dense
+  te.common, common.recipe, te.jax = common, recipe, tej
+  tej.cpp_extensions, tej.flax, tej.dense = tex, flax_mod, dense_mod
+  for name, mod in {
+      "transformer_engine": te, "transformer_engine.common": common, "transformer_engine.common.recipe": recipe,
+      "transformer_engine.jax": tej, "transformer_engine.jax.cpp_extensions": tex,
+      "transformer_engine.jax.flax": flax_mod, "transformer_engine.jax.dense": dense_mod,
+  }.items():
+    monkeypatch.setitem(sys.modules, name, mod)
+  return DENSE_CALLS
+
+
+@dataclasses.dataclass(frozen=True)
+class MlpOnlyPlan:
+  """A plugin-style plan: MLP projections in NVFP4, attention out-projection in fp8, the rest bf16."""
+
+  def __call__(self, mesh_axes):
+    if "mlp" in mesh_axes:
+      return "nvfp4"
+    if mesh_axes and mesh_axes[0] == "heads":
+      return "fp8"
+    return "bf16"
+
+
+def _te_base():
+  from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
+
+  return quantizations.TransformerEngineQuantization
+
+
+def _config():
+  return types.SimpleNamespace(te_comm_gemm_overlap="disabled")
+
+
+def test_recipe_kwargs_map_our_toggles_inverted():
+  s = settings_mod.Nvfp4Settings(rht=False, stochastic_rounding=True, two_d_weights=False)
+  assert te_backend.recipe_kwargs(s) == dict(disable_rht=True, disable_stochastic_rounding=False,
+                                             disable_2d_quantization=True)
+  d = settings_mod.Nvfp4Settings()
+  assert te_backend.recipe_kwargs(d) == dict(disable_rht=False, disable_stochastic_rounding=False,
+                                             disable_2d_quantization=False)
+
+
+def test_rng_streams_needed_follows_stochastic_rounding():
+  assert te_backend.rng_streams_needed(settings_mod.Nvfp4Settings()) == ("sr_rng",)
+  assert te_backend.rng_streams_needed(settings_mod.Nvfp4Settings(stochastic_rounding=False)) == ()
+
+
+def test_switch_is_rejected_for_te_in_one_line(fake_te):
+  s = settings_mod.Nvfp4Settings(switch_at_step=0.8)
+  with pytest.raises(capability.BackendError) as e:
+    te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  msg = str(e.value)
+  assert "\n" not in msg and "emulate-only" in msg and "nvfp4_backend=emulate" in msg
+
+
+def test_wiring_recipe_toggles_reach_te_recipe(fake_te):
+  s = settings_mod.Nvfp4Settings(rht=False, stochastic_rounding=False, two_d_weights=True)
+  q = te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  assert isinstance(q, _te_base())
+  assert q._recipe == FakeNVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
+                                            disable_2d_quantization=False)
+  assert q.needs_apply_rngs is False  # no SR -> MaxText may release the rngs
+  # MaxText's own block-size rule still applies (isinstance on the recipe).
+  assert q.get_block_size() == 128
+  # Rebuilt objects compare equal (MaxText calls configure_quantization several times per run).
+  assert q == te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  assert hash(q) == hash(te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan()))
+
+
+def _dense(quant, kernel_axes, rngs, n_in=32, n_out=32):
+  from maxtext.layers import linears  # pylint: disable=import-outside-toplevel
+
+  return linears.DenseGeneral(n_in, n_out, kernel_axes=kernel_axes, quant=quant, dtype=jnp.bfloat16,
+                              weight_dtype=jnp.float32, rngs=rngs)
+
+
+def test_wiring_plan_routes_each_projection_through_maxtext_dense_general(fake_te):
+  """Real MaxText DenseGeneral + our adapter + fake TE: plan honoured, bf16 GEMMs bypass TE."""
+  s = settings_mod.Nvfp4Settings(seed=7)
+  q = te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  rngs = nnx.Rngs(params=0, dropout=1, aqt=2)
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 32), jnp.bfloat16)
+
+  up = _dense(q, ("embed", "mlp"), rngs)
+  fake_te.clear()
+  y = up(x)
+  assert len(fake_te) == 1
+  qs = fake_te[0]["quantizer_set"]
+  assert isinstance(qs["recipe"], FakeNVFP4BlockScaling) and qs["recipe"] == FakeNVFP4BlockScaling()
+  assert qs["collection"] == "_overwrite_with_gradient" and qs["checkpoint_name"] == "quantization"
+  assert qs["sr_key"] is not None
+  kernel = up.kernel[...].astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(jnp.dot(x, kernel), np.float32))
+
+  out = _dense(q, ("heads", "embed"), rngs)
+  fake_te.clear()
+  out(x)
+  assert len(fake_te) == 1 and isinstance(fake_te[0]["quantizer_set"]["recipe"], FakeFloat8CurrentScaling)
+  assert fake_te[0]["quantizer_set"]["sr_key"] is None
+
+  qkv = _dense(q, ("embed_attn", "kv_heads"), rngs)
+  fake_te.clear()
+  yq = qkv(x)
+  assert fake_te == []  # bf16 projection: never reaches TE
+  kq = qkv.kernel[...].astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(yq, np.float32), np.asarray(jnp.dot(x, kq), np.float32))
+
+
+def test_wiring_sr_rng_is_served_from_aqt_stream_seeded_and_fresh_each_call(fake_te):
+  """TE's make_rng('sr_rng') -> fold_in(aqt stream key, nvfp4_seed); the stream advances per call."""
+  base = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=0), MlpOnlyPlan())
+  seeded = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=5), MlpOnlyPlan())
+  assert base.needs_apply_rngs and seeded.needs_apply_rngs
+  x = jnp.ones((4, 32), jnp.bfloat16)
+
+  def keys(quant, rngs, calls=2):
+    layer = _dense(quant, ("embed", "mlp"), rngs)
+    fake_te.clear()
+    for _ in range(calls):
+      layer(x)
+    return [np.asarray(jax.random.key_data(c["quantizer_set"]["sr_key"])) if jnp.issubdtype(
+        c["quantizer_set"]["sr_key"].dtype, jax.dtypes.prng_key) else np.asarray(c["quantizer_set"]["sr_key"])
+            for c in fake_te]
+
+  k0 = keys(base, nnx.Rngs(params=0, dropout=1, aqt=2))
+  k5 = keys(seeded, nnx.Rngs(params=0, dropout=1, aqt=2))
+  assert not np.array_equal(k0[0], k0[1])  # a fresh key every call (= every train step)
+  assert not np.array_equal(k0[0], k5[0])  # nvfp4_seed changes the stream
+  # Drawn from the aqt stream: changing only the aqt seed changes the key; params seed does not.
+  k_aqt = keys(base, nnx.Rngs(params=0, dropout=1, aqt=3))
+  k_params = keys(base, nnx.Rngs(params=9, dropout=1, aqt=2))
+  assert not np.array_equal(k0[0], k_aqt[0])
+  np.testing.assert_array_equal(k0[0], k_params[0])
+
+
+def test_wiring_bad_plan_value_is_reported(fake_te):
+  q = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(), lambda axes: "int8")
+  with pytest.raises(ValueError, match="expected one of nvfp4, bf16, fp8"):
+    q.dot_general_cls(("embed", "mlp"))
+
+
+def test_adapter_module_does_not_import_te_or_maxtext():
+  import subprocess  # pylint: disable=import-outside-toplevel
+
+  code = ("import sys, maxtext_nvfp4.te_backend, maxtext_nvfp4.capability; "
+          "bad = [m for m in sys.modules if m.startswith(('transformer_engine', 'maxtext.'))]; "
+          "assert not bad, bad")
+  subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Real TE (Blackwell only).
+# ----------------------------------------------------------------------------------------------
+def _blackwell_with_te() -> bool:
+  try:
+    return capability.choose_backend("auto").name == "te"
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+@pytest.mark.blackwell
+@pytest.mark.skipif(not _blackwell_with_te(), reason="needs Transformer Engine and a GPU with compute capability >= 10.0")
+def test_real_te_dense_general_nvfp4_close_to_bf16():
+  from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
+
+  q = te_backend.make_te_quantization(quantizations.TransformerEngineQuantization, _config(),
+                                      settings_mod.Nvfp4Settings(), MlpOnlyPlan())
+  layer = _dense(q, ("embed", "mlp"), nnx.Rngs(params=0, dropout=1, aqt=2), n_in=256, n_out=256)
+  x = jax.random.normal(jax.random.PRNGKey(0), (128, 256), jnp.bfloat16)
+  y = layer(x).astype(jnp.float32)
+  ref = jnp.dot(x, layer.kernel[...].astype(jnp.bfloat16)).astype(jnp.float32)
+  rel = float(jnp.linalg.norm(y - ref) / jnp.linalg.norm(ref))
+  assert 0 < rel < 0.2, rel  # quantized (not bf16-identical) yet close
+
+
+@pytest.mark.blackwell
+@pytest.mark.skipif(not _blackwell_with_te(), reason="needs Transformer Engine and a GPU with compute capability >= 10.0")
+def test_real_te_verify_hardware_passes():
+  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+
+  assert verify_hardware.cli_main(["--json"]) == 0
