@@ -249,20 +249,52 @@ def rht_matrix(dtype=jnp.float32):
   return jnp.asarray(m, dtype)
 
 
-def rht(x, axis=-1):
-  """TE's 16-point RHT along ``axis``: ``y = x16 @ (diag(s) H16 / 4)``, fp32 accumulate, bf16 round.
+# Groups whose max |x| is below 2**-60 are transformed at 2**64 times their size (exact: a power of two),
+# so that no operand or partial sum of the fp32 transform is an fp32 subnormal (XLA:CPU would flush it).
+_RHT_TINY = 2.0**-60
+_RHT_UP = 64
 
-  Returns fp32 values on the bf16 grid. The kernels round the RHT output to bf16 before both the amax
-  and the quantization; so do we.
-  """
-  x = _to_f32_exact(jnp.asarray(x))
-  axis = axis % x.ndim
+
+def _rht_impl(x, axis):
+  x = _to_f32_exact(x)
   n = x.shape[axis]
-  _check_block_dim(x.shape, axis)
   xb = x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
-  y = jnp.tensordot(xb, rht_matrix(), axes=[[axis + 1], [0]], precision=lax.Precision.HIGHEST)
-  y = jnp.moveaxis(y, -1, axis + 1).reshape(x.shape)
-  return round_to_bf16(y)
+  gmax = jnp.max((_bits(xb) & _F32_ABS_MASK).astype(jnp.int32), axis=axis + 1, keepdims=True)
+  tiny = gmax < int(np.float32(_RHT_TINY).view(np.int32))
+  m, k = _split_subnormal(xb)  # xb == m * 2**k, m normal or zero
+  up = m * _pow2(jnp.where(k == 0, _RHT_UP, _RHT_UP - 126))
+  xs = jnp.where(tiny, up, xb)
+  y = jnp.tensordot(xs, rht_matrix(), axes=[[axis + 1], [0]], precision=lax.Precision.HIGHEST)
+  y = jnp.moveaxis(y, -1, axis + 1)
+  # Back to the true size with ONE bf16 rounding. Normal results: bf16 rounding commutes with the
+  # power-of-two scale. Results below 2**-126: the bf16 subnormal grid is N * 2**-133 (fp32 bits N << 16),
+  # i.e. N = RNE(|y'| * 2**(133 - 64)) in the scaled domain, composed from bits (no subnormal arithmetic).
+  y_norm = round_to_bf16(y)
+  y_norm = jnp.where(tiny, y_norm * np.float32(2.0**-_RHT_UP), y_norm)
+  n_sub = jnp.round(jnp.abs(y) * np.float32(2.0 ** (133 - _RHT_UP))).astype(jnp.uint32)
+  y_sub = _from_bits((n_sub << 16) | (jnp.signbit(y).astype(jnp.uint32) << 31))
+  is_sub = tiny & (jnp.abs(y) < np.float32(2.0 ** (-126 + _RHT_UP)))
+  return jnp.where(is_sub, y_sub, y_norm).reshape(x.shape)
+
+
+def rht(x, axis=-1):
+  """TE's 16-point RHT along ``axis``: ``y = bf16(x16 @ (diag(s) H16 / 4))``, fp32 accumulate.
+
+  Returns fp32 values on the bf16 grid (``y[16g + c] = bf16_rne(sum_r s_r x[16g + r] H16[r, c] / 4)``).
+  The kernels round the RHT output to bf16 before both the amax and the quantization; so do we.
+  Bit-checkable wherever the fp32 sum is insensitive to accumulation order (the tensor-core MMA order is
+  unspecified), including fp32-subnormal inputs and outputs on flush-to-zero backends: a group whose
+  max |x| is below 2**-60 is transformed at 2**64 scale and rounded back exactly. (Only a subnormal
+  element sharing a group with an element above 2**-60 is flushed -- more than 2**66 below the group
+  max, it cannot change an fp32-accumulated result except through exact cancellation.)
+  """
+  x = jnp.asarray(x)
+  axis = axis % x.ndim
+  _check_block_dim(x.shape, axis)
+  return _rht_jit(x, axis)
+
+
+_rht_jit = jax.jit(_rht_impl, static_argnums=(1,))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -347,8 +379,12 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
       raise ValueError("cannot quantize a scalar")
     axis_n = axis % x.ndim
     _check_block_dim(x.shape, axis_n)
+  return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht)
 
-  xf = globals()["rht"](x, axis_n) if rht else _to_f32_exact(x)
+
+def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht):
+  """The traced body of :func:`quantize` (arguments already validated; ``axis_n`` non-negative)."""
+  xf = _rht_impl(x, axis_n) if rht else _to_f32_exact(x)
 
   xb, red = _blocked(xf, axis_n, block_2d)
   abs_bits = (_bits(xb) & _F32_ABS_MASK).astype(jnp.int32)  # integer max: exact, NaN-propagating
@@ -360,7 +396,10 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
   amax_is_sub = (_bits(amax) & _F32_EXP_MASK) == 0
   s_enc = jnp.minimum(np.float32(GLOBAL_DENOM) / jnp.where(amax_is_sub, 1.0, amax), np.float32(FLT_MAX))
   s_enc = jnp.where(amax_is_sub, np.float32(FLT_MAX), s_enc)  # 2688 / subnormal overflows
-  s_enc = jnp.where((amax == 0) | (s_enc == 0), np.float32(1.0), s_enc)
+  # Bitwise zero test: XLA:CPU compares with denormals-are-zero, so `amax == 0` is True for a subnormal
+  # amax (whose S_enc must be FLT_MAX, not 1).
+  amax_is_zero = (_bits(amax) & _F32_ABS_MASK) == 0
+  s_enc = jnp.where(amax_is_zero | (s_enc == 0), np.float32(1.0), s_enc)
   s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
   s_dec = _recip_exact(jnp.where(jnp.isnan(s_enc), 1.0, s_enc))
   s_dec = jnp.where(jnp.isnan(s_enc), s_enc, s_dec)
@@ -389,6 +428,11 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
   data = q.reshape(x.shape).astype(jnp.float4_e2m1fn)
   scale = jnp.squeeze(s8, axis=red).astype(jnp.float8_e4m3fn)
   return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=axis_n, block_2d=block_2d, rht=rht)
+
+
+# One compiled program per (shape, dtype, mode): eager op-by-op dispatch of the ~100 small ops above
+# costs seconds of compilation per new shape. Inside an outer jit this simply inlines.
+_quantize_jit = jax.jit(_quantize_impl, static_argnums=(2, 3, 4))
 
 
 # ----------------------------------------------------------------------------------------------
