@@ -1,0 +1,295 @@
+"""``maxtext-nvfp4 reproduce PAIR``: train a baseline recipe and its NVFP4 twin back to back, then compare.
+
+Both runs are ``python -m maxtext_nvfp4.train RECIPE.yml key=value ...`` subprocesses with the same
+``init_weights_seed`` and ``data_shuffle_seed`` (so the same initial weights and the same batches in the
+same order), each writing its own MaxText ``metrics_file``; then ``compare`` writes the report and plots
+into ``OUT/compare``. Progress is streamed as one ``[label] step N/STEPS loss L (T s)`` line per step
+(parsed from MaxText's ``completed step: ...`` log lines; ``--verbose`` echoes everything).
+
+Scaling knobs (applied identically to both runs): ``--steps`` -> ``steps``, ``--layers`` ->
+``base_num_decoder_layers`` (+ ``override_model_config=true`` so it beats a model YAML), ``--seq`` ->
+``max_target_length``, ``--batch`` -> ``per_device_batch_size``, plus free ``key=value`` overrides. For a
+pair that reproduces a published configuration, any of them makes the report say
+"PROXY (not the published configuration)".
+
+Exit code: compare's (0 PASS, 1 FAIL), 2 bad input (unknown pair, missing recipe, existing run
+directory), 3 a training run failed without leaving metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from maxtext_nvfp4 import compare
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Pair:
+  """A baseline/NVFP4 recipe pair."""
+
+  # Pair name on the command line.
+  name: str
+  # Recipe file names (looked up in the recipes directory).
+  baseline_recipe: str
+  nvfp4_recipe: str
+  # Short run label of the baseline (the NVFP4 run is labelled "nvfp4").
+  baseline_label: str
+  # True when the recipes reproduce a published configuration (then any knob makes a PROXY).
+  published: bool
+  # One line for the report.
+  description: str
+
+
+PAIRS: dict[str, Pair] = {p.name: p for p in (
+    Pair(name="demo", baseline_recipe="demo_bf16.yml", nvfp4_recipe="demo_nvfp4.yml", baseline_label="bf16",
+         published=False, description="CPU demo: tiny Llama-style model, bf16 vs emulated NVFP4"),
+    Pair(name="llama3_8b", baseline_recipe="llama3_8b_fp8.yml", nvfp4_recipe="llama3_8b_nvfp4.yml",
+         baseline_label="fp8", published=True,
+         description="Llama 3 8B throughput setup (4 GPUs FSDP 4, seq 8192, pdbs 4), FP8 vs NVFP4"),
+    Pair(name="llama3_8b_c4", baseline_recipe="llama3_8b_fp8_c4.yml", nvfp4_recipe="llama3_8b_nvfp4_c4.yml",
+         baseline_label="fp8", published=True,
+         description="Llama 3 8B 10,000-step C4 convergence pair, FP8 vs NVFP4 (published gap +0.026)"),
+    Pair(name="proxy_1gpu", baseline_recipe="proxy_1gpu_fp8.yml", nvfp4_recipe="proxy_1gpu_nvfp4.yml",
+         baseline_label="fp8", published=False,
+         description="single-GPU proxy (small Llama fitting one H100/H200), FP8 vs NVFP4"),
+)}
+
+TRAIN_MODULE = "maxtext_nvfp4.train"
+# MaxText's per-step INFO line (metric_logger._log_training_metrics).
+_STEP_RE = re.compile(r"completed step: (\d+), seconds: ([-+\w.]+),.*?[ ,]loss: ([-+\w.]+)")
+
+
+class ReproduceError(ValueError):
+  """Bad input for reproduce. Message: one line."""
+
+
+def recipe_dirs(recipes_dir: str | None = None) -> list[Path]:
+  """Where recipes are looked up: ``--recipes-dir`` only, else ./recipes, the checkout's recipes/, and the
+  packaged ``maxtext_nvfp4/recipes``."""
+  if recipes_dir:
+    return [Path(recipes_dir)]
+  pkg = Path(__file__).resolve().parent
+  dirs = [Path.cwd() / "recipes", pkg.parent / "recipes", pkg / "recipes"]
+  seen, out = set(), []
+  for d in dirs:
+    if d.resolve() not in seen:
+      seen.add(d.resolve())
+      out.append(d)
+  return out
+
+
+def find_recipe(name: str, recipes_dir: str | None = None) -> Path:
+  dirs = recipe_dirs(recipes_dir)
+  for d in dirs:
+    if (d / name).is_file():
+      return d / name
+  raise ReproduceError(f"recipe {name} not found (looked in: {', '.join(map(str, dirs))}); "
+                       "create it or pass --recipes-dir")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Knobs:
+  """Scaling knobs and overrides applied to both runs (None: the recipe's value)."""
+
+  # steps
+  steps: int | None = None
+  # base_num_decoder_layers (+ override_model_config=true)
+  layers: int | None = None
+  # max_target_length
+  seq: int | None = None
+  # per_device_batch_size
+  batch: float | None = None
+  # free key=value overrides, in order
+  overrides: tuple[str, ...] = ()
+
+  def args(self) -> list[str]:
+    out = []
+    if self.steps is not None:
+      out.append(f"steps={self.steps}")
+    if self.layers is not None:
+      out += [f"base_num_decoder_layers={self.layers}", "override_model_config=true"]
+    if self.seq is not None:
+      out.append(f"max_target_length={self.seq}")
+    if self.batch is not None:
+      out.append(f"per_device_batch_size={self.batch:g}")
+    return out + list(self.overrides)
+
+  def describe(self) -> list[str]:
+    names = [("--steps", self.steps), ("--layers", self.layers), ("--seq", self.seq), ("--batch", self.batch)]
+    return [f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in names if v is not None] + \
+        list(self.overrides)
+
+
+def report_label(pair: Pair, knobs: Knobs) -> str:
+  """The line at the top of the report: published / PROXY / not-published, with the knobs used."""
+  changed = knobs.describe()
+  if pair.published and changed:
+    return f"PROXY (not the published configuration): {pair.name} with {', '.join(changed)}"
+  if pair.published:
+    return f"Published configuration: {pair.description}"
+  tail = f"; changed: {', '.join(changed)}" if changed else ""
+  return f"{pair.name}: {pair.description} (not a published configuration){tail}"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+  """Everything reproduce will run."""
+
+  pair: Pair
+  # (label, recipe path, argv, metrics file, run directory) per run: baseline first.
+  runs: tuple[tuple[str, Path, tuple[str, ...], Path, Path], ...]
+  # Output directory of compare.
+  compare_dir: Path
+  label: str
+
+
+def build_plan(pair_name: str, *, out: str | os.PathLike, knobs: Knobs = Knobs(), seed: int = 0,
+               python: str = sys.executable, recipes_dir: str | None = None) -> Plan:
+  """The two training commands (same seeds, same knobs) and compare's output directory."""
+  if pair_name not in PAIRS:
+    raise ReproduceError(f"unknown pair {pair_name!r}; choose one of: {', '.join(PAIRS)}")
+  pair = PAIRS[pair_name]
+  out = Path(out).absolute()
+  runs = []
+  for label, recipe_name in ((pair.baseline_label, pair.baseline_recipe), ("nvfp4", pair.nvfp4_recipe)):
+    recipe = find_recipe(recipe_name, recipes_dir)
+    run_name = f"{pair.name}_{label}"
+    metrics = out / label / "metrics.jsonl"
+    argv = (python, "-m", TRAIN_MODULE, str(recipe), f"run_name={run_name}",
+            f"base_output_directory={out / 'runs'}", f"metrics_file={metrics}",
+            # identical initial weights and identical batches in both runs
+            f"init_weights_seed={seed}", f"data_shuffle_seed={seed}", *knobs.args())
+    runs.append((label, recipe, argv, metrics, out / "runs" / run_name))
+  return Plan(pair=pair, runs=tuple(runs), compare_dir=out / "compare", label=report_label(pair, knobs))
+
+
+def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool, stream) -> tuple[int, list[str]]:
+  """Run one training subprocess, printing a compact line per completed step; returns (rc, last lines)."""
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  tail: collections.deque[str] = collections.deque(maxlen=40)
+  proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace", bufsize=1, env=env)
+  try:
+    for line in proc.stdout:
+      line = line.rstrip("\n")
+      tail.append(line)
+      if verbose:
+        print(f"[{label}] {line}", file=stream, flush=True)
+        continue
+      m = _STEP_RE.search(line)
+      if m:
+        step = int(m.group(1))
+        of = f"/{total}" if total else ""
+        print(f"[{label}] step {step + 1}{of} loss {m.group(3)} ({m.group(2)} s)", file=stream, flush=True)
+    rc = proc.wait()
+  except KeyboardInterrupt:
+    proc.terminate()
+    proc.wait()
+    raise
+  return rc, list(tail)
+
+
+def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool = False, verbose: bool = False,
+            plots: bool = True, stream=None) -> int:
+  stream = stream or sys.stdout
+  for label, _, _, metrics, run_dir in plan.runs:
+    if run_dir.exists() or metrics.exists():
+      if not overwrite:
+        raise ReproduceError(f"{run_dir if run_dir.exists() else metrics} exists (a rerun could resume from its "
+                             "checkpoint); pass --overwrite or another --out")
+      shutil.rmtree(run_dir, ignore_errors=True)
+      metrics.unlink(missing_ok=True)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+  print(plan.label, file=stream)
+  for i, (label, recipe, argv, metrics, _) in enumerate(plan.runs):
+    print(f"[{label}] {i + 1}/{len(plan.runs)}: training {recipe.name}\n[{label}] $ {shlex.join(argv)}",
+          file=stream, flush=True)
+    rc, tail = _stream(label, argv, total=knobs.steps, verbose=verbose, stream=stream)
+    has_metrics = metrics.exists() and metrics.stat().st_size > 0
+    if rc != 0:
+      print(f"[{label}] training exited with code {rc}; last output:\n" + "\n".join(tail), file=sys.stderr)
+      if not has_metrics:
+        print(f"maxtext-nvfp4 reproduce: error: the {label} run failed before writing metrics", file=sys.stderr)
+        return 3
+      print(f"[{label}] continuing: its metrics (e.g. up to a NaN abort) go into the comparison", file=stream)
+    elif not has_metrics:
+      print(f"maxtext-nvfp4 reproduce: error: the {label} run wrote no metrics to {metrics}", file=sys.stderr)
+      return 3
+  run_args = [f"{label}={metrics}" for label, _, _, metrics, _ in plan.runs]
+  return compare.run_compare(run_args, out=str(plan.compare_dir), opts=opts, label=plan.label, plots=plots,
+                             stream=stream)
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="maxtext-nvfp4 reproduce",
+      description="Train a named baseline/NVFP4 recipe pair back to back (same seeds and data), then compare.",
+      epilog="pairs: " + "; ".join(f"{p.name}: {p.baseline_recipe} vs {p.nvfp4_recipe}" for p in PAIRS.values())
+      + ". Exit code: 0 PASS, 1 FAIL, 2 bad input, 3 a training run failed.")
+  p.add_argument("pair", metavar="PAIR", help=", ".join(PAIRS))
+  p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra MaxText overrides for both runs")
+  p.add_argument("--steps", type=int, help="training steps (steps=)")
+  p.add_argument("--layers", type=int, help="decoder layers (base_num_decoder_layers=, override_model_config=true)")
+  p.add_argument("--seq", type=int, help="sequence length (max_target_length=)")
+  p.add_argument("--batch", type=float, help="per-device batch size (per_device_batch_size=)")
+  p.add_argument("--seed", type=int, default=0, help="init_weights_seed and data_shuffle_seed of both runs")
+  p.add_argument("--out", help="output directory (default ./reproduce_out/PAIR)")
+  p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (default: ./recipes, the package's)")
+  p.add_argument("--python", default=sys.executable, help="interpreter for the training runs")
+  p.add_argument("--dry-run", action="store_true", help="print the commands only")
+  p.add_argument("--overwrite", action="store_true", help="delete earlier runs in --out first")
+  p.add_argument("--verbose", action="store_true", help="echo the full training output")
+  p.add_argument("--tolerance", type=float, default=0.03, help="compare: max mean gap in nats")
+  p.add_argument("--warmup", type=int, help="compare: warm-up steps skipped after the first")
+  p.add_argument("--smooth", type=int, help="compare: moving-average window")
+  p.add_argument("--no-plots", action="store_true", help="compare: report.md only")
+  return p
+
+
+def cli_main(argv: list[str]) -> int:
+  parser = build_parser()
+  try:
+    a = parser.parse_intermixed_args(argv)
+  except SystemExit as e:
+    return int(e.code or 0)
+  bad = [o for o in a.overrides if "=" not in o or o.startswith("=")]
+  positive = [(k, v) for k, v in (("--steps", a.steps), ("--layers", a.layers), ("--seq", a.seq),
+                                  ("--batch", a.batch)) if v is not None and v <= 0]
+  if bad or positive:
+    what = f"overrides must be KEY=VALUE: {' '.join(bad)}" if bad else f"{positive[0][0]} must be > 0"
+    print(f"maxtext-nvfp4 reproduce: error: {what}", file=sys.stderr)
+    return 2
+  knobs = Knobs(steps=a.steps, layers=a.layers, seq=a.seq, batch=a.batch, overrides=tuple(a.overrides))
+  try:
+    plan = build_plan(a.pair, out=a.out or os.path.join("reproduce_out", a.pair), knobs=knobs, seed=a.seed,
+                      python=a.python, recipes_dir=a.recipes_dir)
+    if a.dry_run:
+      print(plan.label)
+      for label, _, run_argv, _, _ in plan.runs:
+        print(f"# {label}\n{shlex.join(run_argv)}")
+      cmp = ["maxtext-nvfp4", "compare"] + [f"{lbl}={m}" for lbl, _, _, m, _ in plan.runs] + \
+          ["--out", str(plan.compare_dir), "--tolerance", f"{a.tolerance:g}", "--label", plan.label]
+      cmp += (["--warmup", str(a.warmup)] if a.warmup is not None else []) + \
+          (["--smooth", str(a.smooth)] if a.smooth is not None else []) + (["--no-plots"] if a.no_plots else [])
+      print("# compare\n" + shlex.join(cmp))
+      return 0
+    opts = compare.Options(tolerance=a.tolerance, warmup=a.warmup, smooth=a.smooth)
+    return execute(plan, knobs=knobs, opts=opts, overwrite=a.overwrite, verbose=a.verbose,
+                   plots=not a.no_plots)
+  except ReproduceError as e:
+    print(f"maxtext-nvfp4 reproduce: error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(cli_main(sys.argv[1:]))
