@@ -74,6 +74,8 @@ class Run:
   # Lines that were not a JSON object (count, first line number or 0).
   malformed: int = 0
   first_malformed: int = 0
+  # Reading problems worth a note (e.g. MaxText's eval-step-0 truncation of the metrics file).
+  warnings: tuple[str, ...] = ()
 
   @property
   def sorted_steps(self) -> list[int]:
@@ -203,6 +205,7 @@ def load_run(arg: str) -> Run:
   eval_loss: dict[int, float] = {}
   diags: dict[str, list[tuple[int, float]]] = {}
   malformed, first_bad, nonempty = 0, 0, 0
+  warnings = []
   for f in files:
     try:
       text = f.read_text(encoding="utf8", errors="replace")
@@ -225,6 +228,11 @@ def load_run(arg: str) -> Run:
         malformed += 1
         first_bad = first_bad or lineno
         continue
+      if nonempty == 1 and step == 0 and EVAL_RUNNING_MARKER in rec:
+        # MaxText 0.2.5 truncates metrics_file on every record with step 0, including the first running-eval
+        # snapshot of each eval (indexed by eval batch): training records before it are gone.
+        warnings.append(f"{f.name} starts with a running-eval record: MaxText truncated it at its last eval, "
+                        "so earlier training steps are missing")
       for k, v in rec.items():
         if k.startswith(DIAG_PREFIX) and isinstance(v, (int, float)):
           diags.setdefault(k, []).append((step, float(v)))
@@ -248,7 +256,7 @@ def load_run(arg: str) -> Run:
     raise InputError(f"{label}: no training records (JSON objects with 'step' and '{LOSS}') in "
                      f"{', '.join(map(str, files))}" + (f"; {malformed} malformed line(s)" if malformed else ""))
   return Run(name=label, paths=tuple(map(str, files)), steps=steps, eval_loss=eval_loss, diagnostics=diags,
-             malformed=malformed, first_malformed=first_bad)
+             malformed=malformed, first_malformed=first_bad, warnings=tuple(warnings))
 
 
 # ------------------------------------------------------------------------------------------------ numbers
@@ -357,6 +365,7 @@ def compare_runs(runs: Sequence[Run], opts: Options = Options(), *, label: str =
       notes.append(f"no '{STEP_TIME}' in the metrics: no throughput")
     if i > 0 and tp.median_step_time and base_tp.median_step_time:
       tp = dataclasses.replace(tp, speedup=base_tp.median_step_time / tp.median_step_time)
+    notes += r.warnings
     if r.malformed:
       notes.append(f"skipped {r.malformed} malformed line(s), first at line {r.first_malformed}")
     bad = r.first_nonfinite_step()

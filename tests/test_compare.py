@@ -282,3 +282,15 @@ def test_plots_drawn_from_data(tmp_path):
   assert img1.std() > 10  # not a blank canvas
   changed_cols = np.nonzero(np.abs(img1 - img2).sum(axis=0))[0]
   assert len(changed_cols) > 100  # curves differ across a wide range of x
+
+
+def test_maxtext_eval_truncation_is_flagged(tmp_path):
+  # MaxText 0.2.5 truncates metrics_file at the first running-eval snapshot (eval step 0) of each eval
+  b, _ = make_pair(tmp_path)
+  running = json.dumps({"step": 0.0, "eval/avg_loss": 3.2, "eval/step_time_seconds": 0.1})
+  r = write(tmp_path / "trunc.jsonl", [], [running] + [json.dumps(record(s, base_loss(s), 1.0)) for s in range(25, N)])
+  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)])
+  run = c.results[1]
+  assert any("truncated it at its last eval" in n for n in run.notes)
+  assert run.loss.steps == tuple(range(25, N)) and run.loss.mean_gap == 0.0
+  assert not any("truncated" in n for n in c.results[0].notes)
