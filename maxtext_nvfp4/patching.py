@@ -770,7 +770,7 @@ def build_series(pristine_pkg: str | os.PathLike, out_dir: str | os.PathLike) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.patch"):
       old.unlink()
-    names = git("format-patch", "-q", "--zero-commit", "--no-signature", "-3", "-o", str(out_dir.resolve())).split()
+    names = git("format-patch", "--zero-commit", "--no-signature", "-3", "-o", str(out_dir.resolve())).split()
   return [Path(n) for n in names]
 
 
