@@ -250,6 +250,9 @@ def load_run(arg: str) -> Run:
         except (TypeError, ValueError):
           pass
   label = name or _default_name(path)
+  from_log = sum(1 for r in steps.values() if r.get("source") == "log")
+  if from_log:
+    warnings.append(f"{from_log} training step(s) rebuilt from MaxText's log lines (values rounded to 3 decimals)")
   if nonempty == 0:
     raise InputError(f"{label}: {', '.join(map(str, files))} is empty")
   if not steps:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -65,8 +66,27 @@ PAIRS: dict[str, Pair] = {p.name: p for p in (
 )}
 
 TRAIN_MODULE = "maxtext_nvfp4.train"
-# MaxText's per-step INFO line (metric_logger._log_training_metrics).
+# MaxText's per-step INFO line (metric_logger._log_training_metrics), values printed with 3 decimals.
 _STEP_RE = re.compile(r"completed step: (\d+), seconds: ([-+\w.]+),.*?[ ,]loss: ([-+\w.]+)")
+_TFLOPS_RE = re.compile(r"TFLOP/s/device: ([-+\w.]+)")
+_TOKENS_RE = re.compile(r"Tokens/s/device: ([-+\w.]+)")
+
+
+def parse_step_line(line: str) -> dict | None:
+  """A metrics record rebuilt from MaxText's ``completed step: ...`` log line (3-decimal values), or None."""
+  m = _STEP_RE.search(line)
+  if not m:
+    return None
+  try:
+    rec = {"step": int(m.group(1)), compare.STEP_TIME: float(m.group(2)), compare.LOSS: float(m.group(3))}
+    for rx, key in ((_TFLOPS_RE, compare.TFLOPS_PER_SEC), (_TOKENS_RE, compare.TOKENS_PER_SEC)):
+      mm = rx.search(line)
+      if mm:
+        rec[key] = float(mm.group(1))
+  except ValueError:
+    return None
+  rec["source"] = "log"
+  return rec
 
 
 class ReproduceError(ValueError):
@@ -173,8 +193,10 @@ def build_plan(pair_name: str, *, out: str | os.PathLike, knobs: Knobs = Knobs()
   return Plan(pair=pair, runs=tuple(runs), compare_dir=out / "compare", label=report_label(pair, knobs))
 
 
-def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool, stream) -> tuple[int, list[str]]:
-  """Run one training subprocess, printing a compact line per completed step; returns (rc, last lines)."""
+def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool, stream,
+            logged: dict[int, dict]) -> tuple[int, list[str]]:
+  """Run one training subprocess, printing a compact line per completed step; returns (rc, last lines).
+  ``logged`` receives the records parsed from the step log lines."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   tail: collections.deque[str] = collections.deque(maxlen=40)
   proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -183,20 +205,50 @@ def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool
     for line in proc.stdout:
       line = line.rstrip("\n")
       tail.append(line)
+      rec = parse_step_line(line)
+      if rec is not None:
+        logged[rec["step"]] = rec
       if verbose:
         print(f"[{label}] {line}", file=stream, flush=True)
-        continue
-      m = _STEP_RE.search(line)
-      if m:
-        step = int(m.group(1))
+      elif rec is not None:
+        m = _STEP_RE.search(line)
         of = f"/{total}" if total else ""
-        print(f"[{label}] step {step + 1}{of} loss {m.group(3)} ({m.group(2)} s)", file=stream, flush=True)
+        print(f"[{label}] step {rec['step'] + 1}{of} loss {m.group(3)} ({m.group(2)} s)", file=stream, flush=True)
     rc = proc.wait()
   except KeyboardInterrupt:
     proc.terminate()
     proc.wait()
     raise
   return rc, list(tail)
+
+
+def recover_missing_steps(metrics: Path, logged: dict[int, dict]) -> tuple[Path, int]:
+  """Rebuild training records the metrics file lost; returns (file to compare, number of steps rebuilt).
+
+  MaxText 0.2.5 truncates ``metrics_file`` at the first running-eval snapshot of every eval (it is written
+  with eval step 0), so with ``eval_interval`` set only the records since the last eval survive. Steps the
+  log showed but the file lacks are rebuilt from the ``completed step`` lines (values with 3 decimals,
+  marked ``"source": "log"``) into ``metrics_merged.jsonl`` beside it; running-eval snapshots are dropped.
+  """
+  kept, in_file = [], set()
+  if metrics.exists():
+    for line in metrics.read_text(encoding="utf8", errors="replace").splitlines():
+      try:
+        rec = json.loads(line)
+      except ValueError:
+        continue
+      if not isinstance(rec, dict) or compare.EVAL_RUNNING_MARKER in rec:
+        continue
+      kept.append(rec)
+      if compare.LOSS in rec and "step" in rec:
+        in_file.add(int(float(rec["step"])))
+  missing = sorted(set(logged) - in_file)
+  if not missing:
+    return metrics, 0
+  merged = metrics.with_name("metrics_merged.jsonl")
+  recs = sorted([logged[s] for s in missing] + kept, key=lambda r: float(r.get("step", 0)))
+  merged.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf8")
+  return merged, len(missing)
 
 
 def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool = False, verbose: bool = False,
@@ -211,10 +263,12 @@ def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool 
       metrics.unlink(missing_ok=True)
     metrics.parent.mkdir(parents=True, exist_ok=True)
   print(plan.label, file=stream)
+  run_args = []
   for i, (label, recipe, argv, metrics, _) in enumerate(plan.runs):
     print(f"[{label}] {i + 1}/{len(plan.runs)}: training {recipe.name}\n[{label}] $ {shlex.join(argv)}",
           file=stream, flush=True)
-    rc, tail = _stream(label, argv, total=knobs.steps, verbose=verbose, stream=stream)
+    logged: dict[int, dict] = {}
+    rc, tail = _stream(label, argv, total=knobs.steps, verbose=verbose, stream=stream, logged=logged)
     has_metrics = metrics.exists() and metrics.stat().st_size > 0
     if rc != 0:
       print(f"[{label}] training exited with code {rc}; last output:\n" + "\n".join(tail), file=sys.stderr)
@@ -225,7 +279,11 @@ def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool 
     elif not has_metrics:
       print(f"maxtext-nvfp4 reproduce: error: the {label} run wrote no metrics to {metrics}", file=sys.stderr)
       return 3
-  run_args = [f"{label}={metrics}" for label, _, _, metrics, _ in plan.runs]
+    path, n = recover_missing_steps(metrics, logged)
+    if n:
+      print(f"[{label}] {n} training step(s) missing from {metrics.name} (MaxText truncates it at each eval) "
+            f"rebuilt from the log into {path.name}", file=stream)
+    run_args.append(f"{label}={path}")
   return compare.run_compare(run_args, out=str(plan.compare_dir), opts=opts, label=plan.label, plots=plots,
                              stream=stream)
 

@@ -3,6 +3,7 @@ and the demo pair end to end through ``python -m maxtext_nvfp4.train`` once it e
 
 import importlib.util
 import json
+import math
 import os
 import shlex
 import stat
@@ -85,14 +86,20 @@ import json, math, sys
 args = dict(a.split("=", 1) for a in sys.argv[4:])
 nv = args["run_name"].endswith("nvfp4")
 steps = int(args.get("steps", 10))
-with open(args["metrics_file"], "w") as f:
-  for s in range(steps):
-    t = (9.0 if s == 0 else (0.4 if nv else 0.5))
-    loss = 4.0 - 0.1 * s + (0.01 if nv else 0.0) + 0.001 * int(args["init_weights_seed"])
-    f.write(json.dumps({{"step": s, "learning/loss": loss, "perf/step_time_seconds": t,
-                        "perf/per_device_tokens": 100.0, "perf/per_device_tflops": 1.0}}) + "\n")
-    print(f"I1129 train.py] completed step: {{s}}, seconds: {{t:.3f}}, TFLOP/s/device: 1.0, "
-          f"Tokens/s/device: 1.0, total_weights: 10, loss: {{loss:.3f}}, lm_loss: {{loss:.3f}}", flush=True)
+trunc = int(args.get("truncate_at", -1))
+f = open(args["metrics_file"], "w")
+for s in range(steps):
+  if s == trunc:  # MaxText 0.2.5: the eval's first running snapshot (eval step 0) truncates the file
+    f.close()
+    f = open(args["metrics_file"], "w")
+    f.write(json.dumps({{"step": 0.0, "eval/avg_loss": 5.0, "eval/step_time_seconds": 0.1}}) + "\n")
+  t = (9.0 if s == 0 else (0.4 if nv else 0.5))
+  loss = 4.0 - 0.1 * s + (0.01 if nv else 0.0) + 0.001 * int(args["init_weights_seed"])
+  f.write(json.dumps({{"step": s, "learning/loss": loss, "perf/step_time_seconds": t,
+                      "perf/per_device_tokens": 100.0, "perf/per_device_tflops": 1.0}}) + "\n")
+  print(f"I1129 train.py] completed step: {{s}}, seconds: {{t:.3f}}, TFLOP/s/device: 1.0, "
+        f"Tokens/s/device: 1.0, total_weights: 10, loss: {{loss:.3f}}, lm_loss: {{loss:.3f}}", flush=True)
+f.close()
 sys.exit(int(args.get("fail", 0)))
 '''
 
@@ -159,3 +166,29 @@ def test_demo_pair_end_to_end(tmp_path, capsys, monkeypatch):
   assert "**Verdict: PASS**" in md and "| nvfp4 | 6 |" in md
   for png in ("loss.png", "throughput.png"):
     assert (out / "compare" / png).stat().st_size > 10_000
+
+
+def test_steps_lost_to_maxtext_eval_truncation_are_rebuilt(tmp_path, recipes, capsys):
+  out = tmp_path / "o"
+  assert cli(["reproduce", "demo", "--recipes-dir", str(recipes), "--out", str(out), "--steps", "10",
+              "--python", fake_python(tmp_path), "--warmup", "1", "truncate_at=6", "--no-plots"]) == 0
+  text = capsys.readouterr().out
+  assert "[bf16] 6 training step(s) missing from metrics.jsonl" in text
+  recs = [json.loads(l) for l in (out / "nvfp4" / "metrics_merged.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in recs] == list(range(10))
+  assert [r.get("source") for r in recs] == ["log"] * 6 + [None] * 4
+  assert recs[2]["learning/loss"] == 3.81 and recs[2]["perf/step_time_seconds"] == 0.4  # from the log line
+  md = (out / "compare" / "report.md").read_text()
+  assert "6 training step(s) rebuilt from MaxText's log lines" in md and "+0.0100" in md
+  assert "truncated it at its last eval" not in md  # the running-eval record is dropped from the merge
+
+
+def test_parse_step_line():
+  line = ("I1129 12:00:00.1 140 metric_logger.py:229] completed step: 41, seconds: 0.512, TFLOP/s/device: 3.250, "
+          "Tokens/s/device: 4000.000, total_weights: 2048, loss: 2.345, lm_loss: 2.345, perplexity: 10.433")
+  assert reproduce.parse_step_line(line) == {
+      "step": 41, "perf/step_time_seconds": 0.512, "learning/loss": 2.345,
+      "perf/per_device_tflops_per_sec": 3.25, "perf/per_device_tokens_per_sec": 4000.0, "source": "log"}
+  assert math.isnan(reproduce.parse_step_line("completed step: 3, seconds: 1.0, total_weights: 1, loss: nan")
+                    ["learning/loss"])
+  assert reproduce.parse_step_line("Starting eval after train step 49") is None
