@@ -228,10 +228,11 @@ def load_run(arg: str) -> Run:
         malformed += 1
         first_bad = first_bad or lineno
         continue
-      if nonempty == 1 and step == 0 and EVAL_RUNNING_MARKER in rec:
-        # MaxText 0.2.5 truncates metrics_file on every record with step 0, including the first running-eval
-        # snapshot of each eval (indexed by eval batch): training records before it are gone.
-        warnings.append(f"{f.name} starts with a running-eval record: MaxText truncated it at its last eval, "
+      if nonempty == 1 and LOSS not in rec and any(k.startswith("eval/") for k in rec):
+        # MaxText 0.2.5 truncates metrics_file on every record with step 0: the first running-eval snapshot of
+        # each eval (indexed by eval batch) and the summary of an eval after train step 0. A file that starts
+        # with an eval record was truncated there; training records before it are gone.
+        warnings.append(f"{f.name} starts with an eval record: MaxText truncated it at an eval, "
                         "so earlier training steps are missing")
       for k, v in rec.items():
         if k.startswith(DIAG_PREFIX) and isinstance(v, (int, float)):
