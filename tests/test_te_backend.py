@@ -261,3 +261,102 @@ def test_real_te_verify_hardware_passes():
   from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
 
   assert verify_hardware.cli_main(["--json"]) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# verify-hardware: comparison logic, wired against a fake TE (tex.quantize / tex.gemm / factory)
+# that lays results out as TE does (colwise data transposed, 2D scales broadcast to 1x16 rows).
+# ----------------------------------------------------------------------------------------------
+def _install_fake_te_quantize(monkeypatch, *, flip_one=False, sr_zeros=False, gemm_scale=1.0):
+  from maxtext_nvfp4 import numerics  # pylint: disable=import-outside-toplevel
+
+  ns = types.SimpleNamespace
+
+  def create(scaling_mode, q_dtype, q_layout, use_rht=False, stochastic_rounding_rng_state=None, **kw):
+    assert q_dtype == jnp.float4_e2m1fn and not kw
+    return ns(scaling_mode=scaling_mode, q_layout=q_layout, use_rht=use_rht, sr=stochastic_rounding_rng_state)
+
+  def _one(x, qz, colwise):
+    key = None if qz.sr is None else jax.random.PRNGKey(int(qz.sr[0, 0]))
+    if qz.scaling_mode == "2D":
+      t = numerics.quantize(x, block_2d=True)
+      scale = jnp.repeat(t.scale.astype(jnp.float32), 16, axis=0)  # broadcast 2D -> 1x16 layout
+      data = t.data
+    else:
+      t = numerics.quantize(x, axis=0 if colwise else -1, rht=qz.use_rht and colwise, stochastic_key=key)
+      data, scale = t.data, t.scale
+    if sr_zeros and key is not None:
+      data = jnp.zeros_like(data)
+    if flip_one and not colwise and qz.scaling_mode == "1D" and key is None:
+      d = data.astype(jnp.float32)
+      data = d.at[0, 0].set(jnp.where(d[0, 0] == 6, 4, 6)).astype(data.dtype)
+    if colwise:
+      return ns(data=data.T, scale_inv=scale.T, amax=t.amax, data_layout="T")
+    return ns(data=data, scale_inv=scale, amax=t.amax, data_layout="N")
+
+  def quantize(x, quantizer, flatten_axis=-1):
+    assert flatten_axis == -1
+    if quantizer.q_layout == "ROWWISE":
+      return _one(x, quantizer, False)
+    if quantizer.q_layout == "COLWISE":
+      return _one(x, quantizer, True)
+    return ns(rowwise_tensor=_one(x, quantizer, False), colwise_tensor=_one(x, quantizer, True))
+
+  def gemm(lhs, rhs, contracting_dims, lhs_quantizer, rhs_quantizer):
+    # An independent route to the same product: dequantize (TE's dequantizer formula) then matmul.
+    (ca,), (cb,) = contracting_dims
+    def deq(x, qz, c):
+      if qz.scaling_mode == "2D":
+        return numerics.dequantize(numerics.quantize(x, block_2d=True))
+      return numerics.dequantize(numerics.quantize(x, axis=c, rht=qz.use_rht))
+    y = jax.lax.dot_general(deq(lhs, lhs_quantizer, ca), deq(rhs, rhs_quantizer, cb), (((ca,), (cb,)), ((), ())))
+    return (y * gemm_scale).astype(jnp.bfloat16)
+
+  tej = types.ModuleType("transformer_engine.jax")
+  tex = types.ModuleType("transformer_engine.jax.cpp_extensions")
+  tex.quantize, tex.gemm = quantize, gemm
+  qmod = types.ModuleType("transformer_engine.jax.quantize")
+  qmod.QuantizerFactory = ns(create=create)
+  qmod.ScalingMode = ns(NVFP4_1D_SCALING="1D", NVFP4_2D_SCALING="2D")
+  qmod.QuantizeLayout = ns(ROWWISE="ROWWISE", COLWISE="COLWISE", ROWWISE_COLWISE="ROWWISE_COLWISE")
+  tej.cpp_extensions, tej.quantize = tex, qmod
+  for name, mod in {"transformer_engine": types.ModuleType("transformer_engine"), "transformer_engine.jax": tej,
+                    "transformer_engine.jax.cpp_extensions": tex, "transformer_engine.jax.quantize": qmod}.items():
+    monkeypatch.setitem(sys.modules, name, mod)
+
+
+def _by_name(results):
+  return {r["check"]: r for r in results}
+
+
+def test_verify_hardware_wiring_all_checks_pass_against_a_faithful_fake(monkeypatch):
+  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+
+  _install_fake_te_quantize(monkeypatch)
+  res = verify_hardware.run_checks(m=64, k=128, n=128, seed=1, sr_draws=4)
+  assert len(res) == 6
+  assert all(r["passed"] for r in res), [r for r in res if not r["passed"]]
+  by = _by_name(res)
+  assert by["quantize x 1x16 RNE"]["elements"] == 64 * 128
+  assert 0 < by["GEMM fprop x@w (1x16 x 16x16)"]["rel_frobenius"] < 8e-3
+
+
+def test_verify_hardware_wiring_detects_broken_kernels(monkeypatch):
+  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+
+  _install_fake_te_quantize(monkeypatch, flip_one=True, sr_zeros=True, gemm_scale=1.02)
+  by = _by_name(verify_hardware.run_checks(m=64, k=128, n=128, seed=1, sr_draws=4))
+  assert not by["quantize x 1x16 RNE"]["passed"] and by["quantize x 1x16 RNE"]["data_mismatches"] == 1
+  assert by["quantize w 16x16 RNE"]["passed"] and by["quantize xT 1x16 RHT RNE"]["passed"]
+  sr = by["quantize dy 1x16 SR"]
+  assert not sr["passed"] and not sr["not_degenerate"]  # the sm_120 "SR gives zeros" failure mode
+  assert not by["GEMM fprop x@w (1x16 x 16x16)"]["passed"]
+  assert not by["GEMM wgrad xT@dy (RHT)"]["passed"]
+
+
+def test_verify_hardware_exits_2_with_reason_off_blackwell():
+  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+
+  if _blackwell_with_te():
+    pytest.skip("this host can run TE NVFP4")
+  assert verify_hardware.cli_main([]) == 2
