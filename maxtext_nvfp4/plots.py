@@ -63,6 +63,9 @@ def loss_figure(c: "_c.Comparison") -> Figure:
                 label=f"{res.run.name} − {c.results[0].run.name} (mean "
                       f"{'n/a' if ls.mean_gap is None else format(ls.mean_gap, '+.4f')})",
                 gid=f"gap:{res.run.name}")
+    if ls.mean_gap is not None and ls.converged_start_step is not None:
+      bottom.hlines(ls.mean_gap, ls.converged_start_step, ls.steps[-1], colors=_color(i), linestyles=":",
+                    linewidth=1.5)
     if ls.converged_start_step is not None:
       start = ls.converged_start_step if start is None else start  # shade for the first compared run
   if start is not None:
