@@ -1,0 +1,324 @@
+"""Emulated NVFP4 GEMM recipe: a ``jax.custom_vjp`` ``dot_general`` with TE ``dense``'s per-GEMM treatment.
+
+For activations ``x`` (M, K) (M = tokens, after flattening) and a kernel ``W`` (K, N):
+
+  fprop  y  = x · W      x: 1x16 blocks along K, RNE            W: 16x16 tiles over (K, N), RNE
+                                                                   (1x16 along K if not two_d_weights)
+  dgrad  dx = dy · Wᵀ    dy: 1x16 along N, SR (RNE if off)      W: the SAME 16x16 tiles as fprop
+                                                                   (1x16 along N if not two_d_weights)
+  wgrad  dW = xᵀ · dy    x: 1x16 along tokens, RHT16, RNE       dy: 1x16 along tokens, RHT16, SR
+
+Each NVFP4 GEMM is computed as
+
+    out = cast( (block_values(a) @ block_values(b), fp32 accumulation) * fl(g_a * g_b) )
+    g   = numerics.global_decode_scale(t) = amax / 2688
+
+(TE JAX: ``alpha = (amax_a/2688) * (amax_b/2688)`` applied to the fp32 result). ``block_values`` are
+``q * s8``, exact in bf16 (a 2-bit e2m1 significand times a 4-bit e4m3 one), so the product of the
+16-element blocks is computed exactly and the ordinary bf16 GEMM with fp32 accumulation is the Tensor
+Core's NVFP4 GEMM up to the (unspecified) accumulation order. With RHT, both wgrad operands are
+rotated by the same orthogonal ``diag(s) H16 / 4`` along tokens, so ``(xM)ᵀ(dyM) = xᵀ dy`` in exact
+arithmetic; the quantization happens in the rotated domain and the result needs no inverse transform.
+
+Outputs: y in ``preferred_element_type`` (default: the inputs' dtype), dx in x's dtype, dW in W's
+dtype. Other precisions per pass: ``"bf16"`` is a plain ``dot_general`` of the unquantized operands with
+fp32 accumulation; ``"fp8"`` is TE's per-tensor current-scaling FP8, HYBRID (E4M3 x and W, E5M2 dy), see
+``maxtext_nvfp4.fp8``.
+
+Shapes: any ``dimension_numbers``. Contracting dims are flattened (in the order given, last one
+fastest) into K; the remaining lhs dims into M and rhs dims into N; the output has lax.dot_general's
+layout (batch, lhs free, rhs free). Batch dims are independent GEMMs (``vmap``): each batch slice is
+its own tensor with its own amax and, for SR, its own key ``fold_in(key, batch_index)``. Block axes
+whose length is not a multiple of 16 are zero-padded; zeros change no amax and no other block, and
+the padded outputs are sliced off, so results equal those of explicitly zero-padded inputs.
+
+Randomness: stochastic rounding of dy uses ``sr_keys(key)``: ``fold_in(key, 1)`` for the dgrad copy
+and ``fold_in(key, 2)`` for the wgrad copy (TE reuses one Philox seed for both copies but with
+different thread/offset mappings, so its two copies also get different bits). SR matches TE in
+distribution only.
+
+Residuals: only x and W in their input dtype (what a bf16 GEMM saves); the backward re-quantizes W
+(RNE is deterministic, so dgrad sees bit-identical 16x16 blocks).
+
+Late switch: with ``switched`` and a traced boolean ``use_switched``, each pass whose settings differ
+between the two recipes is a ``lax.cond`` between both, so flipping the flag never recompiles.
+
+Non-finite operands: a NaN/Inf in x, W or dy poisons that operand's amax (numerics/fp8), so the
+affected GEMM output is NaN/Inf everywhere instead of finite garbage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from maxtext_nvfp4 import fp8, numerics
+
+__all__ = ["GemmRecipe", "PRECISIONS", "dot_general", "sr_keys"]
+
+PRECISIONS = ("nvfp4", "bf16", "fp8")
+_BLOCK = numerics.BLOCK
+# fold_in constants for the two stochastically rounded copies of dy.
+_DGRAD_KEY_TAG = 1
+_WGRAD_KEY_TAG = 2
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmRecipe:
+  """Precision and NVFP4 options of the three GEMMs of one linear layer."""
+
+  # Precision of y = x·W: "nvfp4" | "bf16" | "fp8".
+  fprop: str = "nvfp4"
+  # Precision of dx = dy·Wᵀ.
+  dgrad: str = "nvfp4"
+  # Precision of dW = xᵀ·dy.
+  wgrad: str = "nvfp4"
+  # RHT16 along tokens on both wgrad operands (nvfp4 wgrad only).
+  rht: bool = True
+  # Stochastic rounding of dy for the dgrad and wgrad operands (nvfp4 only); needs a key.
+  stochastic_rounding: bool = True
+  # 16x16 weight tiles shared by fprop and dgrad; False: 1x16 along each GEMM's contraction.
+  two_d_weights: bool = True
+
+  def __post_init__(self):
+    for name in ("fprop", "dgrad", "wgrad"):
+      v = getattr(self, name)
+      if v not in PRECISIONS:
+        raise ValueError(f"GemmRecipe.{name}={v!r}: choose one of {PRECISIONS}")
+
+  def needs_key(self) -> bool:
+    """True when a pass uses stochastic rounding (an nvfp4 dgrad or wgrad with SR on)."""
+    return self.stochastic_rounding and "nvfp4" in (self.dgrad, self.wgrad)
+
+  def _pass_signature(self, name: str):
+    """Everything that pass ``name`` depends on (equal signatures -> identical computation)."""
+    p = getattr(self, name)
+    if p != "nvfp4":
+      return (p,)
+    if name == "fprop":
+      return (p, self.two_d_weights)
+    if name == "dgrad":
+      return (p, self.two_d_weights, self.stochastic_rounding)
+    return (p, self.rht, self.stochastic_rounding)
+
+
+def sr_keys(key):
+  """The (dgrad, wgrad) stochastic-rounding keys derived from ``key``: fold_in 1 and 2."""
+  return jax.random.fold_in(key, _DGRAD_KEY_TAG), jax.random.fold_in(key, _WGRAD_KEY_TAG)
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+def _round_up(n: int) -> int:
+  return -(-n // _BLOCK) * _BLOCK
+
+
+def _pad_to(a, shape):
+  """Zero-pad ``a`` at the end of each axis up to ``shape`` (no-op when already there)."""
+  if tuple(a.shape) == tuple(shape):
+    return a
+  return jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, shape)])
+
+
+def _scaled_dot(a, b, contract, alpha, out_dtype):
+  """``cast((a · b with fp32 accumulation) * alpha)``; ``contract`` = (a axis, b axis)."""
+  y = lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())), preferred_element_type=jnp.float32)
+  return (y * alpha).astype(out_dtype)
+
+
+def _plain_dot(a, b, contract, out_dtype):
+  """The unquantized GEMM ("bf16" precision): operands as given, fp32 accumulation."""
+  dt = jnp.result_type(a.dtype, b.dtype)
+  y = lax.dot_general(
+      a.astype(dt), b.astype(dt), (((contract[0],), (contract[1],)), ((), ())), preferred_element_type=jnp.float32
+  )
+  return y.astype(out_dtype)
+
+
+def _nvfp4_dot(qa, qb, contract, out_dtype):
+  alpha = numerics.global_decode_scale(qa) * numerics.global_decode_scale(qb)
+  return _scaled_dot(
+      numerics.block_values(qa, jnp.bfloat16), numerics.block_values(qb, jnp.bfloat16), contract, alpha, out_dtype
+  )
+
+
+def _fp8_dot(qa, qb, contract, out_dtype):
+  return _scaled_dot(qa.values(jnp.bfloat16), qb.values(jnp.bfloat16), contract, qa.scale_inv * qb.scale_inv, out_dtype)
+
+
+def _quantize_weight(w, recipe: GemmRecipe, contraction_axis: int):
+  """W (K, N) for fprop (contraction_axis 0) or dgrad (1); returns (quantized, padded shape)."""
+  k, n = w.shape
+  if recipe.two_d_weights:
+    wp = _pad_to(w, (_round_up(k), _round_up(n)))
+    return numerics.quantize(wp, block_2d=True)
+  shape = (_round_up(k), n) if contraction_axis == 0 else (k, _round_up(n))
+  return numerics.quantize(_pad_to(w, shape), axis=contraction_axis)
+
+
+# ----------------------------------------------------------------------------------------------
+# The three passes on 2D operands: x (M, K), w (K, N), dy (M, N)
+# ----------------------------------------------------------------------------------------------
+def _fprop(r: GemmRecipe, x, w, out_dtype):
+  if r.fprop == "bf16":
+    return _plain_dot(x, w, (1, 0), out_dtype)
+  if r.fprop == "fp8":
+    return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
+  m, k = x.shape
+  qw = _quantize_weight(w, r, 0)
+  kp, np_ = qw.shape
+  qx = numerics.quantize(_pad_to(x, (m, kp)), axis=1)
+  return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
+
+
+def _dgrad(r: GemmRecipe, dy, w, key, out_dtype):
+  if r.dgrad == "bf16":
+    return _plain_dot(dy, w, (1, 1), out_dtype)
+  if r.dgrad == "fp8":
+    return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
+  m, n = dy.shape
+  qw = _quantize_weight(w, r, 1)
+  qdy = numerics.quantize(
+      _pad_to(dy, (m, qw.shape[1])), axis=1, stochastic_key=key if r.stochastic_rounding else None
+  )
+  return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, : w.shape[0]]
+
+
+def _wgrad(r: GemmRecipe, x, dy, key, out_dtype):
+  if r.wgrad == "bf16":
+    return _plain_dot(x, dy, (0, 0), out_dtype)
+  if r.wgrad == "fp8":
+    return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(dy, "e5m2"), (0, 0), out_dtype)
+  mp = _round_up(x.shape[0])
+  qx = numerics.quantize(_pad_to(x, (mp, x.shape[1])), axis=0, rht=r.rht)
+  qdy = numerics.quantize(
+      _pad_to(dy, (mp, dy.shape[1])), axis=0, rht=r.rht, stochastic_key=key if r.stochastic_rounding else None
+  )
+  return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
+
+
+def _select(use_switched, recipe: GemmRecipe, switched: GemmRecipe | None, name: str, fn: Callable):
+  """``fn(recipe)``, or a ``lax.cond`` on ``use_switched`` between ``fn(switched)`` and it."""
+  if switched is None or switched._pass_signature(name) == recipe._pass_signature(name):
+    return fn(recipe)
+  return lax.cond(use_switched, lambda: fn(switched), lambda: fn(recipe))
+
+
+# ----------------------------------------------------------------------------------------------
+# The custom_vjp on 2D operands
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Static:
+  recipe: GemmRecipe
+  switched: GemmRecipe | None
+  out_dtype: object
+
+
+def _gemm2d_impl(static: _Static, x, w, use_switched, key):
+  return _select(use_switched, static.recipe, static.switched, "fprop", lambda r: _fprop(r, x, w, static.out_dtype))
+
+
+def _gemm2d_fwd(static, x, w, use_switched, key):
+  return _gemm2d_impl(static, x, w, use_switched, key), (x, w, use_switched, key)
+
+
+def _gemm2d_bwd(static, res, dy):
+  x, w, use_switched, key = res
+  kd, kw = sr_keys(key) if key is not None else (None, None)
+  dx = _select(use_switched, static.recipe, static.switched, "dgrad", lambda r: _dgrad(r, dy, w, kd, x.dtype))
+  dw = _select(use_switched, static.recipe, static.switched, "wgrad", lambda r: _wgrad(r, x, dy, kw, w.dtype))
+  return dx, dw, None, None
+
+
+_gemm2d = jax.custom_vjp(_gemm2d_impl, nondiff_argnums=(0,))
+_gemm2d.defvjp(_gemm2d_fwd, _gemm2d_bwd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry point
+# ----------------------------------------------------------------------------------------------
+def _normalize_dims(dims, ndim, what):
+  out = tuple(int(d) % ndim for d in dims)
+  if len(set(out)) != len(out):
+    raise ValueError(f"repeated {what} dimension in {dims}")
+  return out
+
+
+def dot_general(
+    lhs,
+    rhs,
+    dimension_numbers,
+    *,
+    recipe: GemmRecipe,
+    switched: GemmRecipe | None = None,
+    use_switched=None,
+    key=None,
+    preferred_element_type=None,
+) -> jax.Array:
+  """``lax.dot_general(lhs, rhs, dimension_numbers)`` computed with the emulated GEMM recipe.
+
+  Args:
+    lhs: activations (bf16 or fp32).
+    rhs: the kernel (MaxText DenseGeneral's convention).
+    dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))``.
+    recipe: per-pass precision and NVFP4 options.
+    switched: the recipe used when ``use_switched`` is true (late precision switch).
+    use_switched: traced boolean scalar; required iff ``switched`` is given.
+    key: PRNG key for stochastic rounding; required when a recipe uses SR.
+    preferred_element_type: output dtype of the forward (default: result type of lhs and rhs).
+
+  Returns:
+    The product with lax.dot_general's output layout (batch, lhs free, rhs free).
+  """
+  if not isinstance(recipe, GemmRecipe):
+    raise TypeError(f"recipe must be a GemmRecipe, got {type(recipe).__name__}")
+  if (switched is None) != (use_switched is None):
+    raise ValueError("dot_general: pass both `switched` and `use_switched` (the late-switch flag), or neither")
+  if key is None and (recipe.needs_key() or (switched is not None and switched.needs_key())):
+    raise ValueError(
+        "dot_general: stochastic rounding is on (nvfp4 dgrad/wgrad with stochastic_rounding=True) but key is None;"
+        " pass a PRNG key (fresh per step and layer) or set stochastic_rounding=False"
+    )
+  lhs = jnp.asarray(lhs)
+  rhs = jnp.asarray(rhs)
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc = _normalize_dims(lc, lhs.ndim, "lhs contracting")
+  rc = _normalize_dims(rc, rhs.ndim, "rhs contracting")
+  lb = _normalize_dims(lb, lhs.ndim, "lhs batch")
+  rb = _normalize_dims(rb, rhs.ndim, "rhs batch")
+  if len(lc) != len(rc) or len(lb) != len(rb):
+    raise ValueError(f"dimension_numbers {dimension_numbers}: lhs and rhs need as many contracting/batch dims")
+  for a, b in zip(lc + lb, rc + rb):
+    if lhs.shape[a] != rhs.shape[b]:
+      raise ValueError(
+          f"dimension_numbers {dimension_numbers}: lhs dim {a} (size {lhs.shape[a]}) does not match rhs dim {b}"
+          f" (size {rhs.shape[b]}); shapes {lhs.shape} and {rhs.shape}"
+      )
+  lf = tuple(d for d in range(lhs.ndim) if d not in lc and d not in lb)
+  rf = tuple(d for d in range(rhs.ndim) if d not in rc and d not in rb)
+  batch_shape = tuple(lhs.shape[d] for d in lb)
+  lf_shape = tuple(lhs.shape[d] for d in lf)
+  rf_shape = tuple(rhs.shape[d] for d in rf)
+  b, m, n = math.prod(batch_shape), math.prod(lf_shape), math.prod(rf_shape)
+  k = math.prod(lhs.shape[d] for d in lc)
+
+  out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else jnp.result_type(lhs, rhs)
+  static = _Static(recipe=recipe, switched=switched, out_dtype=out_dtype)
+  if use_switched is not None:
+    use_switched = jnp.asarray(use_switched, jnp.bool_)
+
+  x = jnp.transpose(lhs, lb + lf + lc).reshape((b, m, k))
+  w = jnp.transpose(rhs, rb + rc + rf).reshape((b, k, n))
+  if not lb:
+    y = _gemm2d(static, x[0], w[0], use_switched, key)
+  else:
+    keys = None if key is None else jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b))
+    y = jax.vmap(lambda xi, wi, ki: _gemm2d(static, xi, wi, use_switched, ki))(x, w, keys)
+  return y.reshape(batch_shape + lf_shape + rf_shape)
