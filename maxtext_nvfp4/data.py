@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sys
 import sysconfig
 import time
@@ -272,10 +273,15 @@ def _tokenizer_info(opts: PrepareOptions, out: str, train_docs: list[str]) -> di
   if opts.tokenizer == "none":
     return None
   if opts.tokenizer == "llama3":
-    path = os.path.join(maxtext_tokenizer_assets(), "tokenizer_llama3.tiktoken")
-    if not os.path.isfile(path):
-      raise DataError(f"Llama 3 tokenizer asset {path!r} not found in the installed MaxText")
-    return {"type": "tiktoken", "path": path, "vocab_size": 128256, "bos_id": 128000, "eos_id": 128001, "pad_id": -1}
+    # Copied next to the data so recipes can use a relative path (MaxText's own default asset path is broken
+    # for pip installs); the file name must contain "tiktoken" for MaxText's tokenizer_type=tiktoken.
+    src = os.path.join(maxtext_tokenizer_assets(), "tokenizer_llama3.tiktoken")
+    if not os.path.isfile(src):
+      raise DataError(f"Llama 3 tokenizer asset {src!r} not found in the installed MaxText")
+    dst = os.path.join(out, "tokenizer_llama3.tiktoken")
+    shutil.copyfile(src, dst)
+    return {"type": "tiktoken", "path": dst, "vocab_size": 128256, "bos_id": 128000, "eos_id": 128001,
+            "pad_id": -1, "sha256": _sha256_file(dst)}
   return _train_bpe(os.path.join(out, "tokenizer"), train_docs, opts.vocab_size)
 
 
@@ -320,9 +326,10 @@ def _up_to_date(manifest_path: str, signature: list[dict], options: dict) -> dic
     if not os.path.isfile(path) or os.path.getsize(path) != entry["size"] or _sha256_file(path) != entry["sha256"]:
       return None
   tok = m.get("tokenizer")
-  if tok and tok.get("sha256") and (not os.path.isfile(os.path.join(tok["path"], "tokenizer.json"))
-                                    or _sha256_file(os.path.join(tok["path"], "tokenizer.json")) != tok["sha256"]):
-    return None
+  if tok and tok.get("sha256"):
+    tok_file = os.path.join(tok["path"], "tokenizer.json") if os.path.isdir(tok["path"]) else tok["path"]
+    if not os.path.isfile(tok_file) or _sha256_file(tok_file) != tok["sha256"]:
+      return None
   return m
 
 
