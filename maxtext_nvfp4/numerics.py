@@ -37,7 +37,8 @@ rounding, so the values survive every XLA pass.
 
 Non-finite input (TE's kernels turn NaN into ±6 and would hand finite numbers downstream; we do not):
   * a NaN anywhere makes ``amax`` NaN, hence every scale NaN and the whole dequantized tensor NaN
-    (and every GEMM using it); ``data`` holds +6 for the NaN elements, as TE's ``cvt.rn.satfinite``;
+    (and every GEMM using it). ``data`` is then meaningless: every element is +6 (the encode scales are
+    NaN, and NaN converts to +6 as in TE's ``cvt.rn.satfinite``); the NaN amax/scales carry the poison;
   * an Inf makes ``amax`` Inf: ``data``/``scale`` are exactly TE's (±6 at scale 448 for the Inf's
     block), and the dequantized tensor is ±Inf/NaN everywhere (``amax / 2688`` is Inf).
 """
@@ -222,11 +223,15 @@ def _e2m1_stochastic(v, u):
 
 
 def e4m3_rne(v):
-  """Round non-negative fp32 ``v`` (<= 448) to the E4M3 grid with RNE (subnormal step 2**-9)."""
-  b = _bits(v)
-  e = ((b >> 23) & 0xFF).astype(jnp.int32) - 127
+  """Round fp32 ``v`` (|v| <= 448) to the E4M3 grid with RNE (subnormal step 2**-9), sign kept.
+
+  ``step = 2**(e - 3)`` for ``|v|`` in ``[2**e, 2**(e+1))``, ``e >= -6``; ``2**-9`` below ``2**-6``;
+  result ``copysign(round_half_even(|v| / step) * step, v)`` (the division by a power of two is exact).
+  """
+  a = jnp.abs(v)
+  e = ((_bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
   step = jnp.where(e < -6, np.float32(2.0**-9), _pow2(jnp.clip(e - 3, -126, 127)))
-  return jnp.round(v / step) * step
+  return jnp.copysign(jnp.round(a / step) * step, v)
 
 
 def round_to_bf16(v):
@@ -446,7 +451,9 @@ def _expand_scale(t: NVFP4Tensor, s):
 
 def global_decode_scale(t: NVFP4Tensor):
   """``amax / 2688`` in fp32: TE JAX's per-operand GEMM factor (``alpha`` is the product of two)."""
-  return t.amax / np.float32(GLOBAL_DENOM)
+  # XLA's algebraic simplifier rewrites ``x / constant`` as ``x * fl(1/constant)`` (not correctly
+  # rounded: 1 ulp off for amax = 4.125). The barrier hides the constant, keeping a true IEEE division.
+  return t.amax / lax.optimization_barrier(jnp.float32(GLOBAL_DENOM))
 
 
 def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
@@ -461,6 +468,7 @@ def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
   return v.astype(dtype)
 
 
+@jax.jit(static_argnames=("dtype",))
 def dequantize(t: NVFP4Tensor, dtype=jnp.float32):
   """TE JAX's dequantizer: ``float(q) * (float(s8) * (amax / 2688))``, in that order, cast to ``dtype``.
 
@@ -483,6 +491,7 @@ def _e2m1_codes(data):
   return idx | (sign << 3)
 
 
+@jax.jit
 def pack(data) -> jax.Array:
   """Pack E2M1 values two per uint8 along the last axis (TE's fp4x2: element 2i in the low nibble)."""
   codes = _e2m1_codes(jnp.asarray(data))
@@ -495,6 +504,7 @@ def pack(data) -> jax.Array:
 _E2M1_TABLE = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
+@jax.jit
 def unpack(packed) -> jax.Array:
   """Inverse of :func:`pack`: uint8 (..., n/2) -> ``float4_e2m1fn`` (..., n)."""
   packed = jnp.asarray(packed, jnp.uint8)

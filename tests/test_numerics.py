@@ -1,0 +1,640 @@
+"""Tests of maxtext_nvfp4.numerics: bit-exactness with TE's NVFP4 quantizer, rounding, SR, bad input.
+
+Bit-exactness is checked two ways:
+  * against the public golden vectors from TE's reference (``shared/golden``, located through
+    ``$NVFP4_GOLDEN_DIR`` or ``../shared/golden`` beside the repository; skipped only when absent);
+  * against an INDEPENDENT numpy + ml_dtypes implementation of the CUDA-kernel formulas below
+    (numpy float32 keeps subnormals, as TE's kernels do), on every input kind of the golden README.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from maxtext_nvfp4 import numerics as nv
+
+# ================================================================================================
+# Independent reference (numpy + ml_dtypes). Written from shared/reference/nvfp4_numerics.md
+# §2.1/§2.2/§4 and the golden README's numpy sketch; shares no code with maxtext_nvfp4.numerics.
+# ================================================================================================
+f32 = np.float32
+FLT_MAX = np.finfo(f32).max
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+RHT_SIGNS = np.array([1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1], np.float64)
+
+
+def hadamard16():
+  """Sylvester H16[r, c] = (-1)**popcount(r & c)."""
+  r = np.arange(16)
+  pop = np.vectorize(lambda v: bin(v).count("1"))(r[:, None] & r[None, :])
+  return np.where(pop % 2 == 0, 1.0, -1.0)
+
+
+def bf16_round_f64(v):
+  """Single RNE rounding of float64 ``v`` to bf16 (8 significant bits, subnormal step 2**-133)."""
+  v = np.asarray(v, np.float64)
+  _, e = np.frexp(v)  # v = m * 2**e, 0.5 <= |m| < 1  ->  ulp = 2**(e - 8)
+  ulp = np.ldexp(1.0, np.maximum(e - 8, -133))
+  r = np.round(v / ulp) * ulp  # exact scaling, np.round is half-to-even
+  r = np.where(np.abs(r) > BF16_MAX, np.copysign(np.inf, v), r)
+  return r.astype(f32)  # exactly representable
+
+
+def rht_ref(x, axis=0):
+  """TE's wgrad RHT along ``axis`` (groups of 16): exact float64 sum, one bf16 rounding.
+
+  ``y[16g + c] = bf16(sum_r s_r * x[16g + r] * H16[r, c] / 4)``. float64 holds the sum exactly whenever
+  the 16 inputs span fewer than ~45 binary orders of magnitude (true for every input kind here).
+  """
+  m = np.diag(RHT_SIGNS) @ hadamard16() / 4.0
+  xm = np.moveaxis(np.asarray(x, np.float64), axis, -1)
+  g = xm.reshape(xm.shape[:-1] + (xm.shape[-1] // 16, 16))
+  y = np.einsum("...r,rc->...c", g, m).reshape(xm.shape)
+  return np.moveaxis(bf16_round_f64(y), -1, axis)
+
+
+def rht_order_sensitive(x, axis=0):
+  """True if some RHT output changes when the fp32 sum runs sequentially, reversed or pairwise.
+
+  TE's kernel accumulates the 16 products in an fp32 tensor-core MMA (order unspecified); like the golden
+  generator, RHT cases use inputs whose bf16 result does not depend on the order.
+  """
+  m = (np.diag(RHT_SIGNS) @ hadamard16() / 4.0).astype(f32)
+  xm = np.moveaxis(np.asarray(x, f32), axis, -1)
+  g = xm.reshape(xm.shape[:-1] + (xm.shape[-1] // 16, 16))
+  terms = g[..., :, None] * m  # exact (x * ±0.25), shape (..., r, c)
+  exact = np.moveaxis(rht_ref(x, axis), axis, -1).reshape(g.shape)
+
+  def tree(t):
+    while t.shape[-2] > 1:
+      t = t[..., 0::2, :] + t[..., 1::2, :]
+    return t[..., 0, :]
+
+  seq = np.zeros_like(terms[..., 0, :])
+  rev = np.zeros_like(seq)
+  for r in range(16):
+    seq = seq + terms[..., r, :]
+    rev = rev + terms[..., 15 - r, :]
+  for s in (seq, rev, tree(terms)):
+    b = s.astype(ml_dtypes.bfloat16).astype(f32)
+    if not np.array_equal(b, exact):
+      return True
+  return False
+
+
+def quantize_ref(x, mode):
+  """q, s8, amax (float32) of the 2-D float32 array ``x`` for mode row | col | 2d | rht_col.
+
+      amax  = max|xq|;  S_enc = min(2688/amax, FLT_MAX), 1 if amax == 0 or S_enc == 0;  S_dec = 1/S_enc
+      s8    = e4m3(min(bamax * fl(S_enc * fl(1/6)), 448));  enc = min(1/(s8 * S_dec), FLT_MAX)
+      q     = e2m1(clip(xq * enc, -6, 6))
+  """
+  x = np.asarray(x, f32)
+  if mode == "rht_col":
+    x = rht_ref(x, axis=0)
+  amax = f32(np.abs(x).max())
+  with np.errstate(divide="ignore", over="ignore"):
+    s_enc = f32(np.fmin(f32(2688) / amax, FLT_MAX))
+  if amax == 0 or s_enc == 0:
+    s_enc = f32(1)
+  s_dec = f32(f32(1) / s_enc)
+  m, n = x.shape
+  if mode == "2d":
+    xb, red = x.reshape(m // 16, 16, n // 16, 16), (1, 3)
+  elif mode == "row":
+    xb, red = x.reshape(m, n // 16, 16), (2,)
+  else:
+    xb, red = x.reshape(m // 16, 16, n), (1,)
+  bamax = np.abs(xb).max(axis=red, keepdims=True)
+  c = f32(s_enc * f32(f32(1) / f32(6)))
+  s8 = np.minimum(bamax * c, f32(448)).astype(ml_dtypes.float8_e4m3fn).astype(f32)
+  with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+    enc = np.fmin(f32(1) / (s8 * s_dec), FLT_MAX)
+    q = np.clip(xb * enc, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(f32)
+  return q.reshape(m, n), s8.squeeze(red), amax
+
+
+# ------------------------------------------------------------------------------------------------
+# Input kinds of the golden README ("Inputs"), generated here with our own seeds.
+# ------------------------------------------------------------------------------------------------
+def to_bf16(v):
+  """RNE to bf16 (via float32, subnormals kept), stored as float32, with -0.0 replaced by +0.0."""
+  out = np.asarray(v, np.float64).astype(f32).astype(ml_dtypes.bfloat16).astype(f32)
+  return np.where(out == 0, f32(0), out)
+
+
+def _ties(rng, m, n):
+  """amax exactly 2688 (S_enc = 1). Even tiles: E2M1 ties under an exact 2**k scale (6 * 2**k on the
+  tile's diagonal so every row, column and tile has that block amax). Odd tiles: block amax 6 * t with
+  t an E4M3 rounding tie (normal or subnormal), the rest random below it."""
+  e2m1_ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+  normal_ties = [(1 + (2 * j + 1) / 16) * 2.0**e for e in range(-6, 8) for j in range(8)]
+  normal_ties += [(1 + (2 * j + 1) / 16) * 256 for j in range(6)]  # up to 432
+  sub_ties = [(2 * j + 1) * 2.0**-10 for j in range(8)]  # 2**-10 (ties to 0), 1.5 * 2**-9, ...
+  e4m3_ties = np.array(normal_ties + sub_ties)
+  x = np.zeros((m, n))
+  diag = np.eye(16, dtype=bool)
+  for ti in range(m // 16):
+    for tj in range(n // 16):
+      sign = rng.choice([-1.0, 1.0], size=(16, 16))
+      if (ti + tj) % 2 == 0:
+        k = rng.integers(-8, 8)
+        tile = rng.choice(e2m1_ties, size=(16, 16)) * 2.0**k
+        tile[diag] = 6 * 2.0**k
+      else:
+        t = rng.choice(e4m3_ties)
+        tile = rng.uniform(0, 6 * t, size=(16, 16))
+        tile[diag] = 6 * t
+      x[ti * 16 : ti * 16 + 16, tj * 16 : tj * 16 + 16] = tile * sign
+  x[0, 0] = 2688.0
+  return x
+
+
+def make_input(kind, shape, seed, tiny_block_axis=1):
+  rng = np.random.default_rng(seed)
+  m, n = shape
+  if kind == "normal":
+    x = rng.standard_normal(shape)
+  elif kind == "student_t":
+    x = rng.standard_t(2, size=shape)
+  elif kind == "spikes":
+    x = rng.standard_normal(shape)
+    x[rng.random(shape) < 0.002] *= 1000
+  elif kind == "wide_elem":
+    x = rng.choice([-1.0, 1.0], size=shape) * 10.0 ** rng.uniform(-8, 4, size=shape)
+  elif kind == "wide_tile":
+    tiles = 10.0 ** rng.uniform(-8, 4, size=(m // 16, n // 16))
+    x = rng.standard_normal(shape) * np.repeat(np.repeat(tiles, 16, 0), 16, 1)
+  elif kind == "zero_blocks":
+    x = rng.standard_normal(shape)
+    assert m >= 64 and n >= 80, "zero_blocks needs a (>=64, >=80) shape"
+    x[0:16, 0:16] = 0
+    x[20, 32:48] = 0
+    x[48:64, 70] = 0
+    x[16:32, 16:32] *= 1e-3
+  elif kind == "all_zero":
+    x = np.zeros(shape)
+  elif kind == "tiny_pow2":
+    x = rng.standard_normal(shape) * 2.0**-100
+  elif kind == "tiny_clamped":
+    x = rng.standard_normal(shape) * 2.0**-124
+  elif kind == "subnormal":
+    x = rng.integers(-127, 128, size=shape) * 2.0**-133
+    x[rng.random(shape) < 0.1] = 0
+  elif kind == "huge":
+    x = rng.standard_normal(shape) * 1e37
+    x[m // 2, n // 3] = BF16_MAX
+    if tiny_block_axis == 1:
+      x[1, 16:32] = rng.standard_normal(16) * 1e28
+    else:  # along axis 0: RHT groups then never mix 1e28 with 1e37 (the fp32 sum would be order-sensitive)
+      x[16:32, 1] = rng.standard_normal(16) * 1e28
+  elif kind == "ties":
+    x = _ties(rng, m, n)
+  else:
+    raise ValueError(kind)
+  return to_bf16(x)
+
+
+KINDS = ("normal", "student_t", "spikes", "wide_elem", "wide_tile", "zero_blocks", "all_zero",
+         "tiny_pow2", "tiny_clamped", "subnormal", "huge", "ties")
+
+
+# ================================================================================================
+# Helpers
+# ================================================================================================
+E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+MODES = ("row", "col", "2d", "rht_col")
+
+
+def bits(a):
+  return np.ascontiguousarray(np.asarray(a, np.float32)).view(np.uint32)
+
+
+def assert_bits_equal(ours, ref, what):
+  ours, ref = np.asarray(ours, np.float32), np.asarray(ref, np.float32)
+  assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
+  bad = bits(ours) != bits(ref)
+  if bad.any():
+    idx = tuple(np.argwhere(bad)[0])
+    pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {idx}: ours {ours[idx]!r} vs ref {ref[idx]!r}")
+
+
+def quantize_mode(x, mode, **kw):
+  xb = jnp.asarray(x).astype(jnp.bfloat16)
+  if mode == "row":
+    return nv.quantize(xb, axis=1, **kw)
+  if mode == "col":
+    return nv.quantize(xb, axis=0, **kw)
+  if mode == "2d":
+    return nv.quantize(xb, block_2d=True, **kw)
+  return nv.quantize(xb, axis=0, rht=True, **kw)
+
+
+def check_against(t, q, s8, amax, name):
+  d = nv.as_numpy(t)
+  assert_bits_equal(d["data"], q, f"{name} q")
+  assert_bits_equal(d["scale"], s8, f"{name} scale")
+  assert_bits_equal(np.float32(d["amax"]).reshape(1), np.float32(amax).reshape(1), f"{name} amax")
+
+
+# ================================================================================================
+# 1. Public golden vectors (TE's reference), bit for bit
+# ================================================================================================
+def _golden_path():
+  d = os.environ.get("NVFP4_GOLDEN_DIR")
+  root = pathlib.Path(d) if d else pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+  return root / "nvfp4_golden_public.npz"
+
+
+_GOLDEN = _golden_path()
+_GOLDEN_CASES = (
+    [c["name"] for c in json.loads(str(np.load(_GOLDEN)["__index_json__"]))["cases"]] if _GOLDEN.exists() else []
+)
+
+
+@pytest.fixture(scope="module")
+def golden():
+  if not _GOLDEN.exists():
+    pytest.skip(f"public golden vectors not found at {_GOLDEN} (set NVFP4_GOLDEN_DIR)")
+  z = np.load(_GOLDEN)
+  return z, {c["name"]: c for c in json.loads(str(z["__index_json__"]))["cases"]}
+
+
+def test_golden_file_present_or_skip(golden):
+  z, idx = golden
+  assert len(idx) == 22 and all(f"{n}_q" in z for n in idx)
+
+
+@pytest.mark.parametrize("name", _GOLDEN_CASES or ["<absent>"])
+def test_public_golden_bitwise(golden, name):
+  z, idx = golden
+  c = idx[name]
+  x = jnp.asarray(z[name + "_x"]).astype(jnp.bfloat16)
+  if c["mode"] == "2d":
+    t = nv.quantize(x, block_2d=True)
+  else:
+    t = nv.quantize(x, axis=c["axis"], rht=c["rht"])
+  check_against(t, z[name + "_q"], z[name + "_scale"], z[name + "_amax"], name)
+  assert_bits_equal(nv.dequantize(t), z[name + "_deq_jaxte"], f"{name} dequantize vs _deq_jaxte")
+  if c["rht"]:
+    assert_bits_equal(nv.rht(x, axis=0), z[name + "_xrht"], f"{name} rht vs _xrht")
+    assert_bits_equal(rht_ref(z[name + "_x"], 0), z[name + "_xrht"], f"{name} reference rht")
+  # The independent reference reproduces the golden files too (validates the reference itself).
+  q, s8, amax = quantize_ref(z[name + "_x"], "rht_col" if c["rht"] else ("2d" if c["mode"] == "2d" else ("row" if c["axis"] == 1 else "col")))
+  assert_bits_equal(q, z[name + "_q"], f"{name} reference q")
+  assert_bits_equal(s8, z[name + "_scale"], f"{name} reference scale")
+
+
+# ================================================================================================
+# 2. Every input kind of the hidden golden set, against the independent reference
+# ================================================================================================
+def _input_for(kind, mode, shape=(64, 128), seed=11):
+  """The kind's input; for RHT the first seed (from ``seed``) whose RHT is accumulation-order free."""
+  for s in range(seed, seed + 50):
+    x = make_input(kind, shape, s, tiny_block_axis=0 if mode == "rht_col" else 1)
+    if mode != "rht_col" or not rht_order_sensitive(x, 0):
+      return x
+  raise AssertionError(f"no accumulation-order-insensitive {kind} input found")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_matches_reference_all_kinds(kind, mode):
+  x = _input_for(kind, mode)
+  q, s8, amax = quantize_ref(x, mode)
+  t = quantize_mode(x, mode)
+  check_against(t, q, s8, amax, f"{kind}/{mode}")
+  if mode == "rht_col":
+    assert_bits_equal(nv.rht(jnp.asarray(x).astype(jnp.bfloat16), axis=0), rht_ref(x, 0), f"{kind} rht")
+
+
+def test_reference_inputs_hit_the_edge_paths():
+  """The generated kinds really exercise the paths the golden README flags (guards the generators)."""
+  q, s8, amax = quantize_ref(make_input("tiny_clamped", (64, 128), 11), "row")
+  assert np.float64(2688) / amax > np.finfo(np.float32).max  # S_enc clamped to FLT_MAX
+  x = make_input("subnormal", (64, 128), 11)
+  assert 0 < np.abs(x).max() < np.finfo(np.float32).tiny  # fp32-subnormal tensor
+  q, s8, amax = quantize_ref(make_input("wide_tile", (64, 128), 11), "row")
+  assert ((s8 == 0) & (np.abs(q).max(axis=1).reshape(64, 1) > 0)).any() or ((s8 == 0) & True).any()
+  assert ((s8 > 0) & (s8 < 2.0**-6)).any()  # E4M3-subnormal scales
+  _, s8, _ = quantize_ref(make_input("huge", (64, 128), 11), "row")
+  assert (s8 == 0).any()  # the ~1e28 block's scale underflows
+  _, s8, _ = quantize_ref(_input_for("huge", "rht_col"), "rht_col")
+  assert (s8 == 0).any()  # also after the RHT
+  x = make_input("ties", (64, 128), 11)
+  assert np.abs(x).max() == 2688
+  enc_q = x.reshape(64, 8, 16)
+  ties = np.isin(np.abs(enc_q) / (np.abs(enc_q).max(-1, keepdims=True) / 6), [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+  assert ties.sum() > 500  # exact E2M1 ties under power-of-two scales
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_larger_shapes_and_fp32_input(mode):
+  """A bigger tensor with several kinds side by side, and fp32 (non-bf16) input for 1D/2D."""
+  x = np.concatenate([make_input(k, (64, 128), 3) for k in ("normal", "wide_elem", "spikes", "wide_tile")], 0)
+  if mode == "rht_col":
+    x = _input_for("wide_elem", mode, (256, 128), 5)
+  check_against(quantize_mode(x, mode), *quantize_ref(x, mode), f"stack/{mode}")
+  if mode != "rht_col":
+    rng = np.random.default_rng(5)
+    xf = (rng.standard_normal((64, 128)) * 10.0 ** rng.uniform(-30, 30, (64, 128))).astype(np.float32)
+    t = nv.quantize(jnp.asarray(xf), block_2d=True) if mode == "2d" else nv.quantize(jnp.asarray(xf), axis=1 if mode == "row" else 0)
+    check_against(t, *quantize_ref(xf, mode), f"fp32/{mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tiny_pow2_same_q_and_scales_as_normal(mode):
+  x = _input_for("normal", mode, seed=21)
+  tiny = (x * np.float32(2.0**-100)).astype(np.float32)  # exact: every value stays normal
+  assert np.array_equal(to_bf16(tiny), tiny)
+  a, b = nv.as_numpy(quantize_mode(x, mode)), nv.as_numpy(quantize_mode(tiny, mode))
+  assert_bits_equal(b["data"], a["data"], "tiny_pow2 q")
+  assert_bits_equal(b["scale"], a["scale"], "tiny_pow2 scale")
+  assert b["amax"] == a["amax"] * np.float32(2.0**-100)
+
+
+def test_2d_columnwise_is_transpose_of_rowwise():
+  x = make_input("student_t", (64, 128), 4)
+  a = nv.as_numpy(nv.quantize(jnp.asarray(x, jnp.bfloat16), block_2d=True))
+  b = nv.as_numpy(nv.quantize(jnp.asarray(x.T, jnp.bfloat16), block_2d=True))
+  assert_bits_equal(b["data"], a["data"].T, "2d transpose q")
+  assert_bits_equal(b["scale"], a["scale"].T, "2d transpose scale")
+
+
+def test_batched_leading_dims_and_negative_axis():
+  x = make_input("normal", (64, 128), 8)
+  x3 = x.reshape(4, 16, 128)
+  t = nv.quantize(jnp.asarray(x3, jnp.bfloat16), axis=-1)
+  assert t.scale.shape == (4, 16, 8) and t.axis == 2
+  q, s8, amax = quantize_ref(x, "row")
+  check_against(t, q.reshape(4, 16, 128), s8.reshape(4, 16, 8), amax, "3d row")
+
+
+# ================================================================================================
+# 3. Element rounding vs ml_dtypes casts (millions of values)
+# ================================================================================================
+def _e2m1_inputs(n=2_000_000, seed=0):
+  rng = np.random.default_rng(seed)
+  ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
+  parts = [
+      rng.uniform(-6, 6, n // 2).astype(np.float32),
+      (rng.choice([-1, 1], n // 4) * 10.0 ** rng.uniform(-45, 0.78, n // 4)).astype(np.float32),  # incl. subnormals
+      np.concatenate([ties, -ties, np.nextafter(ties, 0), np.nextafter(ties, 7), E2M1_GRID, -E2M1_GRID]),
+      np.array([0.0, -0.0, 6.0, -6.0, 1e-45, -1e-45], np.float32),
+  ]
+  grid_ties = rng.choice(np.concatenate([ties, -ties]), n // 4)  # many exact ties
+  return np.concatenate(parts + [grid_ties.astype(np.float32)])
+
+
+def test_e2m1_rne_matches_ml_dtypes():
+  v = _e2m1_inputs()
+  ours = np.asarray(jax.jit(nv.e2m1_rne)(jnp.asarray(v)))
+  ref = v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+  assert_bits_equal(ours, ref, "e2m1_rne vs ml_dtypes")  # bitwise: includes the sign of zero
+  assert np.signbit(ours[v == -0.0][np.signbit(v[v == -0.0])]).all()
+
+
+def test_e4m3_rne_matches_ml_dtypes():
+  rng = np.random.default_rng(1)
+  n = 1_000_000
+  e4m3_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+  grid = np.unique(np.abs(e4m3_vals[np.isfinite(e4m3_vals)]))
+  mids = (grid[:-1] + grid[1:]) / 2  # exact ties (including the subnormal range and 2**-10)
+  v = np.concatenate([
+      rng.uniform(0, 448, n).astype(np.float32),
+      (10.0 ** rng.uniform(-6, np.log10(448), n)).astype(np.float32),
+      rng.uniform(0, 2.0**-6, n // 4).astype(np.float32),  # E4M3 subnormal range
+      (10.0 ** rng.uniform(-45, -6, n // 4)).astype(np.float32),  # underflow, incl. fp32 subnormals
+      mids, np.nextafter(mids, 0), np.nextafter(mids, 500), grid,
+  ]).astype(np.float32)
+  v = np.concatenate([v, -v, np.array([0.0, -0.0], np.float32)])
+  ours = np.asarray(jax.jit(nv.e4m3_rne)(jnp.asarray(v)))
+  ref = v.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+  assert_bits_equal(ours, ref, "e4m3_rne vs ml_dtypes")
+
+
+def test_round_to_bf16_matches_ml_dtypes():
+  rng = np.random.default_rng(2)
+  v = (rng.standard_normal(1_000_000) * 10.0 ** rng.uniform(-40, 37, 1_000_000)).astype(np.float32)
+  ours = np.asarray(jax.jit(nv.round_to_bf16)(jnp.asarray(v)))
+  ref = v.astype(ml_dtypes.bfloat16).astype(np.float32)
+  assert_bits_equal(ours, ref, "round_to_bf16 vs ml_dtypes")
+
+
+# ================================================================================================
+# 4. Robust to XLA: jitted quantize -> dequantize stays on the E2M1 grid
+# ================================================================================================
+def test_jit_qdq_on_grid_and_equal_to_eager():
+  x = jnp.asarray(make_input("student_t", (64, 128), 9), jnp.bfloat16)  # shape of the kinds tests: eager cached
+  for kw in (dict(axis=1), dict(axis=0), dict(block_2d=True), dict(axis=0, rht=True)):
+    f = jax.jit(lambda v, kw=kw: (nv.dequantize(nv.quantize(v, **kw)), nv.quantize(v, **kw).data.astype(jnp.float32)))
+    deq, q_f32 = f(x)
+    t = nv.quantize(x, **kw)
+    assert_bits_equal(deq, nv.dequantize(t), f"jit vs eager dequantize {kw}")
+    assert np.isin(np.abs(np.asarray(q_f32)), E2M1_GRID).all()
+    g = np.asarray(nv.dequantize(nv.NVFP4Tensor(data=jnp.ones_like(t.data), scale=t.scale, amax=t.amax,
+                                                axis=t.axis, block_2d=t.block_2d, rht=t.rht)))
+    cand = E2M1_GRID[None, :] * g.reshape(-1, 1)  # fl(k * g) for every grid value k
+    on_grid = (cand == np.abs(np.asarray(deq)).reshape(-1, 1)).any(axis=1)
+    assert on_grid.all(), f"dequantized values off the E2M1 grid x scale {kw}: {np.asarray(deq).ravel()[~on_grid][:4]}"
+    assert_bits_equal(q_f32, t.data.astype(jnp.float32), f"jit vs eager data {kw}")
+
+
+def test_explicit_rounding_under_jit():
+  """The rounding helpers are arithmetic, not converts, so no XLA convert folding can remove them."""
+  v = jnp.asarray(np.linspace(-7, 7, 4097, dtype=np.float32))
+  r = np.asarray(jax.jit(nv.e2m1_rne)(v))
+  assert np.isin(np.abs(r), E2M1_GRID).all()
+  hlo = jax.jit(nv.e2m1_rne).lower(v).as_text()
+  assert "f4E2M1" not in hlo and "f8E4M3" not in jax.jit(nv.e4m3_rne).lower(v).as_text()
+  b = np.asarray(jax.jit(nv.round_to_bf16)(v * np.float32(1.001)))
+  assert np.array_equal(b, b.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+# ================================================================================================
+# 5. Stochastic rounding
+# ================================================================================================
+def _scaled_ref(x, mode):
+  """y = clip(x * enc, -6, 6) per the reference (what SR rounds), numpy float32."""
+  x = np.asarray(x, np.float32)
+  _, s8, amax = quantize_ref(x, mode)
+  s_enc = np.float32(np.fmin(np.float32(2688) / amax, np.finfo(np.float32).max)) if amax > 0 else np.float32(1)
+  s_dec = np.float32(1) / s_enc
+  with np.errstate(divide="ignore", over="ignore"):
+    enc = np.fmin(np.float32(1) / (s8 * s_dec), np.finfo(np.float32).max)
+  enc_full = np.repeat(enc, 16, axis=1) if mode == "row" else np.repeat(enc, 16, axis=0)
+  return np.clip(x * enc_full, -6, 6)
+
+
+def _neighbours(y):
+  a = np.abs(y)
+  step = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0)).astype(np.float32)
+  lo = np.floor(a / step) * step
+  hi = np.minimum(np.where(lo == a, lo, lo + step), 6)
+  return np.copysign(lo, y), np.copysign(hi, y), step
+
+
+@pytest.fixture(scope="module")
+def sr_draws():
+  x = make_input("normal", (64, 128), 12)
+  n = 256
+  keys = jax.random.split(jax.random.key(0), n)
+  f = jax.jit(jax.vmap(lambda k: nv.quantize(jnp.asarray(x, jnp.bfloat16), axis=1, stochastic_key=k).data.astype(jnp.float32)))
+  return x, np.asarray(f(keys)), n
+
+
+def test_sr_draws_are_neighbours_and_bounded(sr_draws):
+  x, q, n = sr_draws
+  y = _scaled_ref(x, "row")
+  lo, hi, _ = _neighbours(y)
+  assert ((q == lo) | (q == hi)).all(), "SR produced a value that is not one of the two neighbours"
+  assert np.abs(q).max() <= 6
+  t = nv.quantize(jnp.asarray(x, jnp.bfloat16), axis=1, stochastic_key=jax.random.key(3))
+  r = nv.quantize(jnp.asarray(x, jnp.bfloat16), axis=1)
+  assert_bits_equal(t.scale.astype(jnp.float32), r.scale.astype(jnp.float32), "SR leaves the scales alone")
+  deq, lim = np.asarray(nv.dequantize(t)), np.repeat(np.asarray(r.scale, np.float32), 16, 1) * (float(r.amax) / 2688)
+  assert (np.abs(deq) <= 6 * lim * (1 + 1e-6)).all()
+
+
+def test_sr_unbiased(sr_draws):
+  """E[q] = lo + step * P(up); with 8 random bits P(up) is frac floored to 1/256, so the bias is in
+  [-step/256, 0] (towards zero). Bound: |mean - y| <= step/256 + 6 sigma, sigma = step*sqrt(p(1-p)/n)."""
+  x, q, n = sr_draws
+  y = _scaled_ref(x, "row")
+  lo, hi, step = _neighbours(y)
+  p = np.where(hi != lo, (np.abs(y) - np.abs(lo)) / step, 0)
+  sigma = step * np.sqrt(p * (1 - p) / n)
+  err = np.abs(q.mean(0) - y)
+  bound = step / 256 + 6 * sigma + 1e-7
+  assert (err <= bound).all(), f"max excess {np.max(err - bound)}"
+  assert (p > 0.05).sum() > 1000 and 0 < q.std(0).max()  # the test has teeth: many random elements
+
+
+def test_sr_mean_mae_not_worse_than_rne(sr_draws):
+  """TE's SR test: MAE(mean of SR dequants, x) < MAE(RNE dequant, x) (here with 16 draws)."""
+  x, q, n = sr_draws
+  r = nv.quantize(jnp.asarray(x, jnp.bfloat16), axis=1)
+  g = np.repeat(np.asarray(r.scale, np.float32), 16, 1) * (np.float32(r.amax) / np.float32(2688))
+  mae_sr = np.abs(q[:16].mean(0) * g - x).mean()
+  mae_rn = np.abs(np.asarray(nv.dequantize(r)) - x).mean()
+  assert mae_sr < mae_rn, (mae_sr, mae_rn)
+
+
+def test_sr_keys():
+  x = jnp.asarray(make_input("normal", (64, 128), 13), jnp.bfloat16)
+  a = nv.quantize(x, stochastic_key=jax.random.key(1)).data.astype(jnp.float32)
+  b = nv.quantize(x, stochastic_key=jax.random.key(1)).data.astype(jnp.float32)
+  c = nv.quantize(x, stochastic_key=jax.random.key(2)).data.astype(jnp.float32)
+  assert_bits_equal(a, b, "same key same draws")
+  assert (np.asarray(a) != np.asarray(c)).sum() > 50
+  for kw in (dict(axis=0, rht=True), dict(block_2d=True)):  # SR works in the other modes too
+    t = nv.quantize(x, stochastic_key=jax.random.key(1), **kw)
+    assert np.isin(np.abs(np.asarray(t.data, np.float32)), E2M1_GRID).all()
+
+
+# ================================================================================================
+# 6. Bad and extreme input
+# ================================================================================================
+def test_length_not_multiple_of_16():
+  with pytest.raises(ValueError, match=r"axis 1 has size 20"):
+    nv.quantize(jnp.ones((32, 20)))
+  with pytest.raises(ValueError, match=r"axis 0 has size 24"):
+    nv.quantize(jnp.ones((24, 32)), axis=0)
+  with pytest.raises(ValueError, match=r"axis 0 has size 8"):
+    nv.quantize(jnp.ones((8, 32)), block_2d=True)
+  with pytest.raises(ValueError, match=r"axis 0 has size 40"):
+    nv.rht(jnp.ones((40, 16)), axis=0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.int8, jnp.uint8, jnp.bool_])
+def test_integer_dtype_type_error(dtype):
+  with pytest.raises(TypeError, match="floating"):
+    nv.quantize(jnp.ones((16, 16), dtype))
+
+
+def test_nan_poisons_everything():
+  x = np.asarray(make_input("normal", (32, 64), 14))
+  x[5, 7] = np.nan
+  for kw in (dict(axis=1), dict(axis=0), dict(block_2d=True), dict(axis=0, rht=True)):
+    t = nv.quantize(jnp.asarray(x, jnp.bfloat16), **kw)
+    assert np.isnan(float(t.amax))
+    assert np.isnan(np.asarray(t.scale, np.float32)).all()
+    assert np.isnan(np.asarray(nv.dequantize(t))).all(), kw
+    assert (np.asarray(t.data, np.float32) == 6).all()  # documented: data is +6 everywhere
+
+
+def test_inf_matches_te_and_dequantizes_nonfinite():
+  x = np.asarray(make_input("normal", (32, 64), 15))
+  x[3, 20] = np.inf
+  x[9, 40] = -np.inf
+  for mode in ("row", "col", "2d"):
+    t = quantize_mode(x, mode)
+    check_against(t, *quantize_ref(x, mode), f"inf/{mode}")
+    assert not np.isfinite(np.asarray(nv.dequantize(t))).any()
+  t = quantize_mode(x, "row")
+  assert float(t.amax) == np.inf and np.asarray(t.scale, np.float32)[3, 1] == 448
+  assert np.asarray(t.data, np.float32)[3, 20] == 6 and np.asarray(t.data, np.float32)[9, 40] == -6
+
+
+def test_all_zero_exact():
+  for mode in MODES:
+    t = quantize_mode(np.zeros((32, 64), np.float32), mode)
+    assert float(t.amax) == 0
+    assert not np.asarray(t.scale, np.float32).any()
+    deq = np.asarray(nv.dequantize(t))
+    assert not np.isnan(deq).any() and not deq.any() and not np.signbit(deq).any()
+
+
+@pytest.mark.parametrize("v", [1e-30, 1e30, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max), 1e-40])
+def test_extreme_magnitudes(v):
+  rng = np.random.default_rng(16)
+  x = to_bf16(rng.uniform(-1, 1, (32, 64)) * (v / 64))  # / 64: the RHT sums must not overflow
+  x[0, 0] = to_bf16(np.array([v]))[0]
+  for mode in MODES:
+    check_against(quantize_mode(x, mode), *quantize_ref(x, mode), f"{v}/{mode}")
+  t = quantize_mode(x, "row")
+  deq = np.asarray(nv.dequantize(t))
+  assert np.isfinite(deq).all()
+  if v >= 1e-30:  # amax / 2688 and the products stay normal: relative error of NVFP4 (< 1/3 per block)
+    big = np.abs(x) >= np.repeat(np.abs(x).reshape(32, 4, 16).max(-1), 16, 1) / 2
+    assert (np.abs(deq - x)[big] <= np.abs(x)[big] / 3).all()
+
+
+# ================================================================================================
+# 7. pack / unpack: TE's byte layout
+# ================================================================================================
+def test_pack_unpack_round_trip_and_nibble_order():
+  rng = np.random.default_rng(17)
+  vals = np.concatenate([E2M1_GRID, -E2M1_GRID])  # includes -0.0
+  data = rng.choice(vals, size=(8, 64)).astype(np.float32)
+  packed = np.asarray(nv.pack(jnp.asarray(data, jnp.float4_e2m1fn)))
+  codes = data.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF  # ml_dtypes' own bit encoding
+  assert packed.dtype == np.uint8 and packed.shape == (8, 32)
+  assert np.array_equal(packed, codes[:, 0::2] | (codes[:, 1::2] << 4))  # element 2i in the low nibble
+  back = np.asarray(nv.unpack(jnp.asarray(packed)).astype(jnp.float32))
+  assert_bits_equal(back, data, "unpack(pack(x))")
+  assert nv.pack(jnp.asarray([0.5, -6.0], jnp.float4_e2m1fn)).tolist() == [0xF1]
+  t = nv.quantize(jnp.asarray(make_input("normal", (16, 32), 1), jnp.bfloat16))
+  assert_bits_equal(np.asarray(nv.unpack(t.pack()), np.float32), np.asarray(t.data, np.float32), "tensor pack")
+  with pytest.raises(ValueError):
+    nv.pack(jnp.zeros((3,), jnp.float4_e2m1fn))
+
+
+def test_block_values_and_global_scale():
+  x = jnp.asarray(make_input("spikes", (64, 128), 18), jnp.bfloat16)
+  t = nv.quantize(x, block_2d=True)
+  bv = np.asarray(nv.block_values(t, jnp.float32))
+  q, s8 = np.asarray(t.data, np.float32), np.asarray(t.scale, np.float32)
+  assert_bits_equal(bv, q * np.repeat(np.repeat(s8, 16, 0), 16, 1), "block_values")
+  assert_bits_equal(np.asarray(nv.block_values(t), np.float32), bv, "block_values exact in bf16")
+  assert float(nv.global_decode_scale(t)) == np.float32(t.amax) / np.float32(2688)
+  leaves = jax.tree_util.tree_leaves(t)
+  assert len(leaves) == 3  # data, scale, amax are the pytree children; axis/2d/rht are static
