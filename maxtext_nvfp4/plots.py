@@ -9,12 +9,14 @@ needed) and returned, so tests can read the drawn data back: every curve carries
 from __future__ import annotations
 
 import math
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from maxtext_nvfp4 import compare as _c  # noqa: E402
 
@@ -23,6 +25,10 @@ _COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#d
 
 def _color(i: int) -> str:
   return _COLORS[i % len(_COLORS)]
+
+
+def _wrap(text: str, width: int = 110) -> str:
+  return "\n".join(textwrap.wrap(text, width))
 
 
 def loss_figure(c: "_c.Comparison") -> Figure:
@@ -46,9 +52,9 @@ def loss_figure(c: "_c.Comparison") -> Figure:
                    color=_color(i), fontsize=8, ha="right")
   top.set_ylabel("training loss")
   title = f"Training loss (trailing {c.smooth}-step average)"
-  top.set_title((c.label + "\n" if c.label else "") + title)
+  top.set_title((_wrap(c.label) + "\n" if c.label else "") + title, fontsize=11)
   top.grid(alpha=0.3)
-  top.legend(loc="upper right")
+  top.legend(loc="best")
 
   tol = c.options.tolerance
   bottom.axhline(0.0, color="black", linewidth=0.8)
@@ -75,7 +81,8 @@ def loss_figure(c: "_c.Comparison") -> Figure:
   bottom.set_ylabel("loss gap (nats)")
   bottom.set_title(f"Gap vs baseline {c.results[0].run.name} — verdict {c.verdict}", fontsize=10)
   bottom.grid(alpha=0.3)
-  bottom.legend(loc="upper right", fontsize=8)
+  bottom.legend(loc="best", fontsize=8)
+  bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
   fig.tight_layout()
   return fig
 
@@ -107,7 +114,7 @@ def throughput_figure(c: "_c.Comparison") -> Figure:
   skipped = ", ".join(f"{r.run.name}: {r.throughput.measured} steps" for r in c.results)
   left.set_title("Median step time after warm-up (speedup vs baseline)", fontsize=10)
   right.set_title("Throughput per device", fontsize=10)
-  fig.suptitle((c.label + " — " if c.label else "") + f"measured steps: {skipped}", fontsize=9)
+  fig.suptitle((_wrap(c.label) + "\n" if c.label else "") + f"measured steps: {skipped}", fontsize=9)
   fig.tight_layout()
   return fig
 

@@ -155,14 +155,20 @@ def test_demo_pair_end_to_end(tmp_path, capsys, monkeypatch):
             "--warmup", "1", "--tolerance", "100", "dataset_type=synthetic", "enable_checkpointing=false"])
   text = capsys.readouterr().out
   assert rc == 0, text
+  losses = {}
   for label in ("bf16", "nvfp4"):
-    recs = [json.loads(l) for l in (out / label / "metrics.jsonl").read_text().splitlines() if l.strip()]
-    assert [int(r["step"]) for r in recs if "learning/loss" in r] == list(range(6))
+    # the demo recipes evaluate after step 0, so MaxText truncates metrics.jsonl and reproduce rebuilds the
+    # lost step(s) from the log into metrics_merged.jsonl
+    d = out / label
+    path = d / "metrics_merged.jsonl" if (d / "metrics_merged.jsonl").exists() else d / "metrics.jsonl"
+    recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    train = [r for r in recs if "learning/loss" in r]
+    assert [int(r["step"]) for r in train] == list(range(6))
     assert f"[{label}] step 6/6 loss" in text
-  b = [json.loads(l)["learning/loss"] for l in (out / "bf16" / "metrics.jsonl").read_text().splitlines()]
-  n = [json.loads(l)["learning/loss"] for l in (out / "nvfp4" / "metrics.jsonl").read_text().splitlines()]
+    losses[label] = [r["learning/loss"] for r in train]
+  b, n = losses["bf16"], losses["nvfp4"]
   assert b[0] == pytest.approx(n[0], rel=0.05)  # same init and data: step-0 losses agree closely ...
-  assert b != n  # ... but NVFP4 really changes the trajectory
+  assert b[1:] != n[1:]  # ... but NVFP4 really changes the trajectory
   md = (out / "compare" / "report.md").read_text()
   assert "**Verdict: PASS**" in md and "| nvfp4 | 6 |" in md
   for png in ("loss.png", "throughput.png"):
