@@ -339,7 +339,8 @@ def cli_main(argv: list[str]) -> int:
           ["--out", str(plan.compare_dir), "--tolerance", f"{a.tolerance:g}", "--label", plan.label]
       cmp += (["--warmup", str(a.warmup)] if a.warmup is not None else []) + \
           (["--smooth", str(a.smooth)] if a.smooth is not None else []) + (["--no-plots"] if a.no_plots else [])
-      print("# compare\n" + shlex.join(cmp))
+      print("# compare (it reads metrics_merged.jsonl instead when MaxText truncated metrics.jsonl at an eval)\n"
+            + shlex.join(cmp))
       return 0
     opts = compare.Options(tolerance=a.tolerance, warmup=a.warmup, smooth=a.smooth)
     return execute(plan, knobs=knobs, opts=opts, overwrite=a.overwrite, verbose=a.verbose,
