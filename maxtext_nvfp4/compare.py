@@ -352,10 +352,11 @@ class Comparison:
 def compare_runs(runs: Sequence[Run], opts: Options = Options(), *, label: str = "") -> Comparison:
   """Compare ``runs[1:]`` against ``runs[0]`` (the baseline)."""
   base, others = runs[0], list(runs[1:])
-  n_common = len(set.intersection(*(set(r.steps) for r in runs)))
-  if others and n_common == 0:
-    raise InputError("the runs share no step: " + "; ".join(
-        f"{r.name}: steps {min(r.steps)}..{max(r.steps)}" for r in runs))
+  for r in others:
+    if not set(r.steps) & set(base.steps):
+      raise InputError(f"{r.name} shares no step with the baseline {base.name}: steps {min(r.steps)}.."
+                       f"{max(r.steps)} vs {min(base.steps)}..{max(base.steps)}")
+  n_common = min((len(set(r.steps) & set(base.steps)) for r in others), default=len(base.steps))
   smooth = opts.smooth if opts.smooth else default_smooth(n_common)
   base_tp = throughput(base, opts.warmup)
   results = []

@@ -169,7 +169,7 @@ def test_missing_path_bad_flags_and_disjoint_steps(tmp_path, capsys):
   assert cli(["compare", b, "--tolerance", "abc"]) == 2
   late = write(tmp_path / "late.jsonl", [record(s, 1.0, 1.0) for s in range(100, 110)])
   assert cli(["compare", b, late, "--out", str(tmp_path / "o")]) == 2
-  assert "share no step" in capsys.readouterr().err
+  assert "late shares no step with the baseline fp8" in capsys.readouterr().err
 
 
 def test_malformed_lines_skipped_and_reported(tmp_path, capsys):
