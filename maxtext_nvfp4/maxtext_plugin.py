@@ -32,6 +32,7 @@ depends on nothing but the step in the (restored) train state, so a resumed run 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import dataclasses
@@ -59,6 +60,8 @@ _TRAIN = "maxtext.trainers.pre_train.train"
 # Step context
 # ---------------------------------------------------------------------------------------------------
 
+# Guards the log-once set and the traced-GEMM counter.
+_log_lock = threading.Lock()
 # The training step being traced (a traced int scalar inside train_step/eval_step), else None.
 _STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("maxtext_nvfp4_step", default=None)
 
@@ -254,6 +257,43 @@ def _signature_roles(mesh_axes, num_activations: int) -> tuple[str, ...]:
       " llama2/default decoder blocks' query/key/value/out/wi/wo; ici_context_autoregressive_parallelism=1)")
 
 
+def _locate(counts: dict, mesh_axes, *, num_activations: int, num_layers: int,
+            scan_layers: bool) -> tuple[int | None, str]:
+  """(layer, role) of the next projection with ``mesh_axes``; ``counts`` is the per-signature counter."""
+  roles = _signature_roles(mesh_axes, num_activations)
+  sig = tuple(mesh_axes)
+  k = counts.get(sig, 0)
+  counts[sig] = k + 1
+  role = roles[k % len(roles)]
+  layer = None if scan_layers else (k // len(roles)) % num_layers
+  return layer, role
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TePlan:
+  """``plan(mesh_axes) -> "nvfp4" | "bf16" | "fp8"`` for ``te_backend`` (same layer/role logic as emulate).
+
+  Equal across MaxText's repeated ``configure_quantization`` calls (the counter is not compared).
+  """
+
+  # the run's NVFP4 settings
+  settings: settings_lib.Nvfp4Settings
+  # config.num_decoder_layers
+  num_layers: int
+  # len(config.mlp_activations)
+  num_activations: int = 2
+  # config.scan_layers
+  scan_layers: bool = False
+  # dot_general_cls calls per kernel-axes signature
+  counts: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+
+  def __call__(self, mesh_axes) -> str:
+    layer, role = _locate(self.counts, mesh_axes, num_activations=self.num_activations,
+                          num_layers=self.num_layers, scan_layers=self.scan_layers)
+    before, _ = plan_lib.precisions(self.settings, layer=layer, role=role, num_layers=self.num_layers)
+    return before.fprop
+
+
 def sr_key(seed: int, step, layer: int | None, role: str):
   """``fold_in(fold_in(fold_in(key(seed), step), layer), ROLE_IDS[role])`` (threefry; no layer fold if None)."""
   import jax  # pylint: disable=import-outside-toplevel
@@ -264,6 +304,30 @@ def sr_key(seed: int, step, layer: int | None, role: str):
   if layer is not None:
     key = jax.random.fold_in(key, layer)
   return jax.random.fold_in(key, plan_lib.ROLE_IDS[role])
+
+
+# (layer, role, before-switch passes, after-switch passes or None) -> how many times a train/eval step
+# traced that GEMM through the emulation. Trace-time only (no runtime cost): it shows which decoder
+# GEMMs really take the NVFP4/FP8 path and that the step is traced once, not once per step.
+_traced: collections.Counter = collections.Counter()
+
+
+def _passes(recipe):
+  return None if recipe is None else (recipe.fprop, recipe.dgrad, recipe.wgrad)
+
+
+def _note_traced(layer, role, recipe, switched) -> None:
+  with _log_lock:
+    _traced[(layer, role, _passes(recipe), _passes(switched))] += 1
+
+
+def traced_gemms(reset: bool = False) -> collections.Counter:
+  """Emulated decoder GEMMs traced inside train/eval steps since the last reset (see ``_traced``)."""
+  with _log_lock:
+    out = collections.Counter(_traced)
+    if reset:
+      _traced.clear()
+  return out
 
 
 @functools.cache
@@ -298,12 +362,16 @@ def _linen_module_class():
     @nn.compact
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
       del kwargs  # e.g. MaxText's mutable=["aqt"] is consumed by Linen apply, nothing else is expected
-      if self.recipe is None:
+      # recipe None: plain BF16. Initializing: DenseGeneral's dummy lazy_init call, whose output is
+      # discarded (no variables to create), so skip the emulation's cost (same shape and dtype).
+      if self.recipe is None or self.is_initializing():
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                    preferred_element_type=preferred_element_type)
       from maxtext_nvfp4 import gemm  # pylint: disable=import-outside-toplevel
 
       step = current_step()
+      if step is not None:
+        _note_traced(self.layer, self.role, self.recipe, self.switched)
       step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
       use_switched = None if self.switched is None else step >= self.switch_step
       return gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
@@ -327,6 +395,8 @@ def _quantization_class():
 
     # SR keys come from (nvfp4_seed, step, layer, role), never from MaxText's rng streams.
     needs_apply_rngs = False
+    # MaxText's in_serve_mode/in_convert_mode read it (AQT's modes); emulated NVFP4 is always "train".
+    quant_mode = "train"
 
     # the run's NVFP4 settings
     settings: settings_lib.Nvfp4Settings = dataclasses.field(default_factory=settings_lib.Nvfp4Settings)
@@ -345,12 +415,8 @@ def _quantization_class():
 
     def locate(self, mesh_axes) -> tuple[int | None, str]:
       """(layer, role) of the next projection built with ``mesh_axes`` (advances the counter)."""
-      roles = _signature_roles(mesh_axes, self.num_activations)
-      sig = tuple(mesh_axes)
-      k = self.counts.get(sig, 0)
-      self.counts[sig] = k + 1
-      role = roles[k % len(roles)]
-      layer = None if self.scan_layers else (k // len(roles)) % self.num_layers
+      layer, role = _locate(self.counts, mesh_axes, num_activations=self.num_activations,
+                            num_layers=self.num_layers, scan_layers=self.scan_layers)
       self.assigned.append((layer, role))
       return layer, role
 
@@ -374,7 +440,6 @@ def _quantization_class():
 
 
 _logged: set[str] = set()
-_log_lock = threading.Lock()
 
 
 def _log_once(text: str) -> None:
@@ -421,7 +486,8 @@ def make_quantization(config, quant_mode_str: str = "train"):
     from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
     from maxtext_nvfp4 import te_backend  # pylint: disable=import-outside-toplevel
 
-    plan = functools.partial(plan_lib.precisions, s, num_layers=config.num_decoder_layers)
+    plan = TePlan(settings=s, num_layers=int(config.num_decoder_layers),
+                  num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers))
     return te_backend.make_te_quantization(quantizations.TransformerEngineQuantization, config, s, plan)
   return _quantization_class()(settings=s, num_layers=int(config.num_decoder_layers),
                                num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers),

@@ -1,0 +1,106 @@
+"""``python -m maxtext_nvfp4.train RECIPE.yml [key=value ...]``: MaxText pre-training with the plugin registered.
+
+Runs ``absl.app.run(maxtext.trainers.pre_train.train.main)`` (so MaxText's per-step
+``completed step: ...`` lines are logged) after :func:`maxtext_nvfp4.register`. The backend choice and
+the decoder GEMM precision table are logged once when MaxText builds the model. Also ``maxtext-nvfp4
+train ...`` (:func:`cli_main`).
+
+Two conveniences over calling MaxText directly:
+
+* MaxText 0.2.5 installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
+  (``site-packages/maxtext/src/maxtext/assets/...``). When neither the command line, the recipe YAML nor
+  ``M_TOKENIZER_PATH`` sets ``tokenizer_path``, we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
+  and say so.
+* Config errors (ours and MaxText's pydantic ones) end the process with exit code 2 and the one-line
+  ``MAXTEXT CONFIG ERROR: ...`` message MaxText logs, without a traceback. (MaxText itself re-raises
+  instead of exiting 2 whenever ``unittest`` is imported, which its own imports do.)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import maxtext_nvfp4
+
+_USAGE = "usage: python -m maxtext_nvfp4.train [RECIPE.yml] [key=value ...]   (MaxText config keys and nvfp4_* keys)"
+
+
+def _yaml_keys(path: str) -> dict:
+  """Top-level keys of a recipe YAML (``{}`` if unreadable; MaxText reports real problems itself)."""
+  try:
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    with open(path, encoding="utf-8") as f:
+      data = yaml.safe_load(f)
+    return data if isinstance(data, dict) else {}
+  except (OSError, ValueError, ImportError):
+    return {}
+  except Exception:  # pylint: disable=broad-exception-caught  (yaml.YAMLError)
+    return {}
+
+
+def default_tokenizer_path() -> str:
+  """``<maxtext package>/assets/tokenizers/tokenizer.llama2`` (ships in the MaxText wheel)."""
+  import maxtext  # pylint: disable=import-outside-toplevel
+
+  return os.path.join(os.path.dirname(maxtext.__file__), "assets", "tokenizers", "tokenizer.llama2")
+
+
+def with_default_tokenizer(args: list[str]) -> list[str]:
+  """``args`` (``[RECIPE.yml] key=value ...``) plus ``tokenizer_path=<default>`` when nothing sets it."""
+  if any(a.startswith("tokenizer_path=") for a in args) or "M_TOKENIZER_PATH" in os.environ:
+    return args
+  if args and args[0].endswith(".yml") and _yaml_keys(args[0]).get("tokenizer_path"):
+    return args
+  path = default_tokenizer_path()
+  print(f"maxtext-nvfp4: no tokenizer_path given; using {path} (MaxText's pip-install default points to a"
+        " missing file)", flush=True)
+  return [*args, f"tokenizer_path={path}"]
+
+
+def _config_error_types() -> tuple[type, ...]:
+  import pydantic  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4 import settings  # pylint: disable=import-outside-toplevel
+
+  types_: list[type] = [settings.SettingsError, pydantic.ValidationError]
+  try:
+    from maxtext_nvfp4 import capability  # pylint: disable=import-outside-toplevel
+
+    types_.append(capability.BackendError)
+  except ImportError:
+    pass
+  return tuple(types_)
+
+
+def _main_exit_2_on_config_error(argv):
+  """``train.main(argv)``, but a config error exits 2 with its one line (MaxText already logged it)."""
+  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
+
+  try:
+    train.main(argv)
+  except _config_error_types() as e:
+    print(f"MAXTEXT CONFIG ERROR: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def cli_main(argv: list[str]) -> int:
+  """``maxtext-nvfp4 train [RECIPE.yml] [key=value ...]``; returns the process exit code."""
+  args = list(argv)
+  if args and args[0] in ("-h", "--help"):
+    print(_USAGE)
+    return 0
+  maxtext_nvfp4.register()
+  args = with_default_tokenizer(args)
+  from absl import app  # pylint: disable=import-outside-toplevel
+
+  try:
+    app.run(_main_exit_2_on_config_error, argv=["maxtext_nvfp4.train", *args])
+  except SystemExit as e:
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli_main(sys.argv[1:]))

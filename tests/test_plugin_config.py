@@ -1,0 +1,162 @@
+"""MaxText accepts quantization=nvfp4 and every nvfp4_* key; bad values fail with one line; other modes unchanged."""
+
+import subprocess
+import sys
+
+import pytest
+
+import maxtext_nvfp4
+from maxtext_nvfp4 import maxtext_plugin, settings
+from maxtext_helpers import tiny_argv
+
+from maxtext.configs import pyconfig  # pylint: disable=wrong-import-order
+from maxtext.layers import quantizations  # pylint: disable=wrong-import-order
+
+# A non-default value of the right type for every key (so the test sees our value, not the default).
+NON_DEFAULT = {
+    "nvfp4_backend": "emulate",
+    "nvfp4_targets": "mlp",
+    "nvfp4_rht": False,
+    "nvfp4_stochastic_rounding": False,
+    "nvfp4_2d_weights": False,
+    "nvfp4_keep_first_layers": 1,
+    "nvfp4_keep_last_layers": 1,
+    "nvfp4_fallback": "fp8",
+    "nvfp4_switch_at_step": 2,
+    "nvfp4_switch_to": "fp8",
+    "nvfp4_switch_scope": "all",
+    "nvfp4_seed": 7,
+    "nvfp4_diagnostics": True,
+    "nvfp4_diagnostics_interval": 3,
+}
+
+
+def _config(**overrides):
+  return pyconfig.initialize(tiny_argv(**overrides))
+
+
+def test_every_key_is_covered():
+  assert set(NON_DEFAULT) == set(settings.config_keys())
+  for key, v in NON_DEFAULT.items():
+    assert v != settings.config_keys()[key], key
+
+
+def test_register_is_idempotent_and_patches_once():
+  before = quantizations.configure_quantization
+  maxtext_nvfp4.register()
+  maxtext_nvfp4.register()
+  assert quantizations.configure_quantization is before
+  assert getattr(before, "_maxtext_nvfp4_wrapped", None) is not None
+
+
+def test_defaults_and_nvfp4_accepted():
+  c = _config(quantization="nvfp4")
+  assert c.quantization == "nvfp4"
+  for key, default in settings.config_keys().items():
+    assert getattr(c, key) == default, key
+
+
+def test_every_key_accepted_on_the_cli():
+  c = _config(quantization="nvfp4", steps=5, base_num_decoder_layers=4, **NON_DEFAULT)
+  for key, v in NON_DEFAULT.items():
+    assert getattr(c, key) == v, key
+  s = maxtext_plugin.settings_of(c)
+  assert s.fallback == "fp8" and s.two_d_weights is False and s.switch_step(5) == 2
+
+
+def test_keys_accepted_in_yaml(tmp_path):
+  yml = tmp_path / "recipe.yml"
+  yml.write_text("base_config: base.yml\nquantization: nvfp4\nnvfp4_targets: attention\nnvfp4_switch_at_step: 0.5\n"
+                 "nvfp4_fallback: fp8\n")
+  c = pyconfig.initialize(tiny_argv(config=str(yml), steps=4))
+  assert c.quantization == "nvfp4" and c.nvfp4_targets == "attention" and c.nvfp4_fallback == "fp8"
+  assert maxtext_plugin.settings_of(c).switch_step(c.steps) == 2
+
+
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        ({"nvfp4_backend": "cuda"}, ["nvfp4_backend", "'cuda'", "'auto'", "'emulate'", "'te'"]),
+        ({"nvfp4_targets": "ffn"}, ["nvfp4_targets", "'ffn'", "'mlp'", "'attention'"]),
+        ({"nvfp4_fallback": "fp16"}, ["nvfp4_fallback", "'bf16'", "'fp8'"]),
+        ({"nvfp4_switch_scope": "backward"}, ["nvfp4_switch_scope", "'forward'", "'all'"]),
+        ({"nvfp4_rht": "maybe"}, ["nvfp4_rht", "'maybe'", "bool"]),
+        ({"quantization": "nvfp5"}, ["quantization", "'nvfp5'", "'nvfp4'", "'te_nvfp4'"]),
+    ],
+)
+def test_bad_value_is_one_line_with_choices(overrides, expect):
+  if "quantization" not in overrides:
+    overrides = {"quantization": "nvfp4", **overrides}
+  with pytest.raises(Exception) as info:
+    _config(**overrides)
+  msg = str(info.value)
+  assert "\n" not in msg, msg
+  for word in expect:
+    assert word in msg, (word, msg)
+
+
+@pytest.mark.parametrize(
+    "overrides, expect",
+    [
+        ({"nvfp4_keep_first_layers": 2, "nvfp4_keep_last_layers": 1}, ["nvfp4_keep_first_layers=2", "3 decoder layers"]),
+        ({"nvfp4_keep_first_layers": 1, "scan_layers": True}, ["scan_layers=false"]),
+        ({"nvfp4_switch_at_step": 3}, ["nvfp4_switch_at_step=3", "steps=3"]),
+        ({"nvfp4_keep_last_layers": -1}, ["nvfp4_keep_last_layers=-1", ">= 0"]),
+        ({"use_qwix_quantization": True}, ["use_qwix_quantization=false"]),
+        ({"nvfp4_backend": "te"}, ["nvfp4_backend=te"]),
+    ],
+)
+def test_bad_combination_fails_at_config_time(overrides, expect):
+  with pytest.raises(ValueError) as info:
+    _config(quantization="nvfp4", **overrides)  # tiny model: 3 layers, steps=3
+  msg = str(info.value)
+  assert "\n" not in msg, msg
+  for word in expect:
+    assert word in msg, (word, msg)
+
+
+def test_nvfp4_keys_ignored_without_nvfp4():
+  # Cross-key checks apply to quantization=nvfp4 only; other modes just carry the (inert) keys.
+  c = _config(nvfp4_keep_first_layers=5)
+  assert c.quantization == "" and quantizations.configure_quantization(c) is None
+
+
+@pytest.mark.parametrize("mode, cls", [("", None), ("fp8", "Fp8Quantization"), ("int8", "AqtQuantization"),
+                                       ("nanoo_fp8", "NANOOFp8Quantization")])
+def test_other_modes_unchanged(mode, cls):
+  c = _config(quantization=mode)
+  ours = quantizations.configure_quantization(c)
+  theirs = quantizations.configure_quantization._maxtext_nvfp4_wrapped(c)  # MaxText's own function
+  if cls is None:
+    assert ours is None and theirs is None
+  else:
+    assert type(ours).__name__ == cls and type(ours) is type(theirs)
+    assert repr(ours) == repr(theirs)
+    axes = ("embed", "mlp")
+    assert repr(ours.dot_general_cls(mesh_axes=axes)) == repr(theirs.dot_general_cls(mesh_axes=axes))
+
+
+def test_nvfp4_routed_to_our_quantization():
+  c = _config(quantization="nvfp4", nvfp4_backend="emulate")
+  q = quantizations.configure_quantization(c)
+  assert isinstance(q, quantizations.Quantization) and q.needs_apply_rngs is False
+  assert q.num_layers == 3 and q.settings == settings.Nvfp4Settings(backend="emulate")
+  assert maxtext_plugin.make_quantization(c) == q  # fresh object, same configuration
+
+
+def test_import_is_cheap_and_registers_lazily():
+  code = ("import sys, maxtext_nvfp4; assert 'jax' not in sys.modules and 'maxtext.configs.pyconfig' not in sys.modules;"
+          " from maxtext.configs import types; print(types.QuantizationType('nvfp4').value)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().endswith("nvfp4")
+
+
+def test_train_cli_config_error_exits_2_with_one_line():
+  args = tiny_argv(quantization="nvfp4", nvfp4_targets="ffn")[1:]
+  out = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.train", *args], capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  line = out.stderr.strip().splitlines()[-1]
+  assert line.startswith("MAXTEXT CONFIG ERROR: nvfp4_targets='ffn'") and "'mlp'" in line, line
