@@ -99,6 +99,7 @@ def load_recipe(path: str) -> dict[str, Any]:
   merged: dict[str, Any] = {}
   for data in reversed(chain):
     merged.update(data)
+  merged["base_config"] = chain[-1].get("base_config")  # where the chain leaves the recipes (MaxText's base.yml)
   return merged
 
 
