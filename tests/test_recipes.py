@@ -162,7 +162,8 @@ def test_llama31_405b_published_settings(configs):
     for k in ARCH_KEYS:
       assert c[k] == _value(arch[k]) or (k == "mlp_activations" and list(c[k]) == list(arch[k])), (name, k)
     assert c["per_device_batch_size"] == 1 and c["max_target_length"] == 8192
-    assert c["ici_fsdp_parallelism"] == -1 and c["dcn_fsdp_parallelism"] == 1 and c["ici_data_parallelism"] == 1
+    assert c["ici_fsdp_parallelism"] == -1 and c["dcn_fsdp_parallelism"] == -1  # FSDP over every GPU (128)
+    assert all(c[f"{p}_{a}_parallelism"] == 1 for p in ("ici", "dcn") for a in ("data", "tensor", "pipeline"))
     assert c["hardware"] == "gpu_multiprocess" and c["scan_layers"] is False
     assert c["remat_policy"] == "minimal_with_context_and_quantization" and c["attention"] == "cudnn_flash_te"
   assert configs["llama3.1_405b_fp8"]["quantization"] == "te_fp8_delayedscaling"
