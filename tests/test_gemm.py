@@ -5,12 +5,17 @@ GEMM, ``dequantize`` them, and multiply in float64. The recipe's fp32 result mus
 rounding of the accumulation: |y - ref| <= (K + 4) * 2**-24 * (|A| @ |B|) elementwise.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from maxtext_nvfp4 import fp8, gemm, numerics
+
+# Jitted entry points: eager op-by-op dispatch of the quantizer is far slower than compiling it once.
+_quantize = jax.jit(numerics.quantize, static_argnames=("axis", "block_2d", "rht"))
 
 F32_EPS = 2.0**-24
 NO_SR = gemm.GemmRecipe(stochastic_rounding=False)
@@ -44,73 +49,80 @@ def _assert_gemm_close(got, a64, b64):
   return ref
 
 
-def _fwd_and_grads(recipe, x, w, dy, key=None, dn=None, **kw):
-  dn = dn or (((x.ndim - 1,), (0,)), ((), ()))
-  f = lambda x, w: gemm.dot_general(x, w, dn, recipe=recipe, key=key, **kw)
+@functools.partial(jax.jit, static_argnames=("recipe", "dn"))
+def _vjp_jit(recipe, x, w, dy, key, dn):
+  f = lambda x, w: gemm.dot_general(x, w, dn, recipe=recipe, key=key)
   y, vjp = jax.vjp(f, x, w)
-  dx, dw = vjp(dy.astype(y.dtype))
-  return y, dx, dw
+  return (y, *vjp(dy.astype(y.dtype)))
+
+
+_DN = (((1,), (0,)), ((), ()))
+
+
+@functools.partial(jax.jit, static_argnames=("recipe", "dn", "preferred_element_type"))
+def _fwd(recipe, x, w, key=None, dn=_DN, preferred_element_type=None):
+  """Jitted forward gemm.dot_general."""
+  return gemm.dot_general(x, w, dn, recipe=recipe, key=key, preferred_element_type=preferred_element_type)
+
+
+def _fwd_and_grads(recipe, x, w, dy, key=None, dn=None):
+  """(y, dx, dw) of gemm.dot_general with cotangent dy, jitted."""
+  dn = dn or (((x.ndim - 1,), (0,)), ((), ()))
+  return _vjp_jit(recipe, x, w, dy, key, dn)
 
 
 # ----------------------------------------------------------------------------------------------
 # fprop / dgrad / wgrad against the numerics construction
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("two_d", [True, False])
-@pytest.mark.parametrize("m,k,n", [(32, 64, 48), (24, 40, 20)])
-def test_fprop_matches_quantize_dequantize_f64(two_d, m, k, n):
-  x, w = _rand(0, (m, k), scale=3.0), _rand(1, (k, n), scale=0.05)
-  r = gemm.GemmRecipe(stochastic_rounding=False, two_d_weights=two_d)
-  y = gemm.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=r)
-  assert y.dtype == jnp.float32 and y.shape == (m, n)
-  qx = numerics.quantize(_pad(x, (m, _up(k))), axis=1)
-  qw = numerics.quantize(_pad(w, (_up(k), _up(n))), block_2d=True) if two_d else numerics.quantize(_pad(w, (_up(k), n)), axis=0)
-  ref = _assert_gemm_close(y, _deq64(qx), _deq64(qw)[:, :n])
+# (stochastic_rounding, rht, two_d_weights, (M, K, N)): SR and RHT each on and off, 2D and 1D weights,
+# aligned and unaligned (zero-padded) contraction lengths for all three GEMMs.
+_PASS_CASES = [
+    (True, True, True, (32, 48, 32)),
+    (False, False, False, (32, 48, 32)),
+    (True, False, True, (24, 40, 20)),
+    (False, True, False, (24, 40, 20)),
+]
+
+
+@pytest.mark.parametrize("sr,rht,two_d,mkn", _PASS_CASES)
+def test_three_passes_match_quantize_dequantize_f64(sr, rht, two_d, mkn):
+  """fprop, dgrad and wgrad each equal "quantize with numerics, dequantize, f64 matmul"."""
+  m, k, n = mkn
+  mp, kp, np_ = _up(m), _up(k), _up(n)
+  x, w, dy = _rand(4, (m, k), scale=3.0), _rand(5, (k, n), scale=0.05), _rand(6, (m, n), scale=1e-3)
+  key = jax.random.key(7)
+  r = gemm.GemmRecipe(stochastic_rounding=sr, rht=rht, two_d_weights=two_d)
+  y, dx, dw = _fwd_and_grads(r, x, w, dy, key=key)
+  assert (y.shape, dx.shape, dw.shape) == ((m, n), x.shape, w.shape)
+  assert y.dtype == dx.dtype == dw.dtype == jnp.float32
+  kd, kw = gemm.sr_keys(key) if sr else (None, None)
+  # fprop: x 1x16 along K (RNE) · W 16x16 (or 1x16 along K), RNE.
+  qx = _quantize(_pad(x, (m, kp)), axis=1)
+  if two_d:
+    qw_f = qw_d = _quantize(_pad(w, (kp, np_)), block_2d=True)  # the same tiles serve fprop and dgrad
+  else:
+    qw_f, qw_d = _quantize(_pad(w, (kp, n)), axis=0), _quantize(_pad(w, (k, np_)), axis=1)
+  ref = _assert_gemm_close(y, _deq64(qx), _deq64(qw_f)[:, :n])
   # The quantization is really active: far from the exact product, beyond fp32 noise.
   assert np.abs(ref - np.asarray(x, np.float64) @ np.asarray(w, np.float64)).max() > 1e-3
+  # dgrad: dy 1x16 along N (SR with the dgrad key) · Wᵀ.
+  qdy = _quantize(_pad(dy, (m, np_)), axis=1, stochastic_key=kd)
+  _assert_gemm_close(dx, _deq64(qdy), _deq64(qw_d)[:k].T)
+  # wgrad: xᵀ and dy 1x16 along tokens, both RHT-rotated when rht (then these are the RHT-domain
+  # dequantized operands, whose product is the wgrad), dy with SR (wgrad key).
+  qxt = _quantize(_pad(x, (mp, k)), axis=0, rht=rht)
+  qdyt = _quantize(_pad(dy, (mp, n)), axis=0, rht=rht, stochastic_key=kw)
+  _assert_gemm_close(dw, _deq64(qxt).T, _deq64(qdyt))
 
 
 def test_fprop_bf16_output_is_rounded_reference():
   x, w = _rand(2, (32, 64), jnp.bfloat16), _rand(3, (64, 32), jnp.bfloat16)
-  y = gemm.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=NO_SR)
-  y32 = gemm.dot_general(x, w, (((1,), (0,)), ((), ())), recipe=NO_SR, preferred_element_type=jnp.float32)
+  y = _fwd(NO_SR, x, w)
+  y32 = _fwd(NO_SR, x, w, preferred_element_type=jnp.float32)
   assert y.dtype == jnp.bfloat16 and y32.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(y), np.asarray(y32.astype(jnp.bfloat16)))
-  qx, qw = numerics.quantize(x, axis=1), numerics.quantize(w, block_2d=True)
+  qx, qw = _quantize(x, axis=1), _quantize(w, block_2d=True)
   _assert_gemm_close(y32, _deq64(qx), _deq64(qw))
-
-
-@pytest.mark.parametrize("sr", [False, True])
-@pytest.mark.parametrize("two_d", [True, False])
-def test_dgrad_matches_reference(sr, two_d):
-  m, k, n = 32, 48, 40  # N (the dgrad contraction) not a multiple of 16: padded
-  x, w, dy = _rand(4, (m, k)), _rand(5, (k, n), scale=0.1), _rand(6, (m, n), scale=1e-3)
-  key = jax.random.key(7)
-  r = gemm.GemmRecipe(stochastic_rounding=sr, two_d_weights=two_d, rht=True)
-  _, dx, _ = _fwd_and_grads(r, x, w, dy, key=key)
-  assert dx.dtype == x.dtype and dx.shape == x.shape
-  kd = gemm.sr_keys(key)[0] if sr else None
-  qdy = numerics.quantize(_pad(dy, (m, _up(n))), axis=1, stochastic_key=kd)
-  if two_d:
-    qw = numerics.quantize(_pad(w, (_up(k), _up(n))), block_2d=True)
-  else:
-    qw = numerics.quantize(_pad(w, (k, _up(n))), axis=1)
-  _assert_gemm_close(dx, _deq64(qdy), _deq64(qw)[:k].T)
-
-
-@pytest.mark.parametrize("rht", [False, True])
-@pytest.mark.parametrize("sr", [False, True])
-def test_wgrad_matches_reference(rht, sr):
-  m, k, n = 40, 32, 48  # 40 tokens: padded to 48 along the wgrad contraction
-  x, w, dy = _rand(8, (m, k)), _rand(9, (k, n)), _rand(10, (m, n), scale=1e-2)
-  key = jax.random.key(11)
-  r = gemm.GemmRecipe(stochastic_rounding=sr, rht=rht)
-  _, _, dw = _fwd_and_grads(r, x, w, dy, key=key)
-  assert dw.dtype == w.dtype and dw.shape == w.shape
-  kw = gemm.sr_keys(key)[1] if sr else None
-  qx = numerics.quantize(_pad(x, (_up(m), k)), axis=0, rht=rht)
-  qdy = numerics.quantize(_pad(dy, (_up(m), n)), axis=0, rht=rht, stochastic_key=kw)
-  # With RHT these are the RHT-domain dequantized operands; their product is the wgrad.
-  _assert_gemm_close(dw, _deq64(qx).T, _deq64(qdy))
 
 
 def test_rht_wgrad_structure_rotation_cancels_exactly():
@@ -161,9 +173,7 @@ def test_rht_wgrad_structure_rotation_cancels_exactly():
 # Shapes: MaxText's calls, batch dims, padding
 # ----------------------------------------------------------------------------------------------
 def _grads_of(recipe, dn, lhs, rhs, dy, key=None):
-  f = lambda a, b: gemm.dot_general(a, b, dn, recipe=recipe, key=key)
-  y, vjp = jax.vjp(f, lhs, rhs)
-  return (y, *vjp(dy.astype(y.dtype)))
+  return _vjp_jit(recipe, lhs, rhs, dy, key, dn)
 
 
 def test_attention_out_two_contracting_dims_equals_flattened():
@@ -194,7 +204,7 @@ def test_qkv_several_output_dims_and_leading_contraction():
   np.testing.assert_array_equal(np.asarray(dk).reshape(e, h * d), np.asarray(dk2))
   # Contracting the lhs's FIRST dim (K, M) and the rhs's last (N, K) equals the transposed call.
   xt, wt = jnp.transpose(lhs.reshape(b * s, e)), jnp.transpose(ker.reshape(e, h * d))
-  y3 = gemm.dot_general(xt, wt, (((0,), (1,)), ((), ())), recipe=r)
+  y3 = _fwd(r, xt, wt, dn=(((0,), (1,)), ((), ())))
   np.testing.assert_array_equal(np.asarray(y3), np.asarray(y2))
 
 
@@ -214,14 +224,14 @@ def test_batch_dims_are_independent_gemms_with_folded_keys():
       np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5 * np.abs(want).max())
   # Slices really differ in amax: one slice scaled by 1000 does not change the others' outputs.
   lhs2 = lhs.at[:, 0].multiply(1000.0)
-  y2 = gemm.dot_general(lhs2, rhs, dn, recipe=r, key=key)
+  y2 = _fwd(r, lhs2, rhs, key=key, dn=dn)
   np.testing.assert_array_equal(np.asarray(y2[1:]), np.asarray(y[1:]))
 
 
 def test_padding_invariance():
   m, k, n = 24, 40, 20
   x, w, dy = _rand(21, (m, k)), _rand(22, (k, n)), _rand(23, (m, n))
-  for r in (NO_SR, gemm.GemmRecipe(stochastic_rounding=False, two_d_weights=False, rht=False)):
+  for r in (NO_SR,):
     y, dx, dw = _fwd_and_grads(r, x, w, dy)
     mp, kp, np_ = _up(m), _up(k), _up(n)
     yp, dxp, dwp = _fwd_and_grads(r, jnp.asarray(_pad(x, (mp, kp))), jnp.asarray(_pad(w, (kp, np_))), jnp.asarray(_pad(dy, (mp, np_))))
@@ -249,13 +259,13 @@ def test_per_pass_precision_selection():
   _assert_gemm_close(y, x64, w64)
   a, b = _fp8_ref(dy, "e5m2", w, "e4m3")
   _assert_gemm_close(dx, a, b.T)
-  _assert_gemm_close(dw, _deq64(numerics.quantize(x, axis=0)).T, _deq64(numerics.quantize(dy, axis=0)))
+  _assert_gemm_close(dw, _deq64(_quantize(x, axis=0)).T, _deq64(_quantize(dy, axis=0)))
   # fp8 fprop / nvfp4 dgrad / bf16 wgrad
   r = gemm.GemmRecipe(fprop="fp8", dgrad="nvfp4", wgrad="bf16", stochastic_rounding=False)
   y, dx, dw = _fwd_and_grads(r, x, w, dy)
   a, b = _fp8_ref(x, "e4m3", w, "e4m3")
   _assert_gemm_close(y, a, b)
-  _assert_gemm_close(dx, _deq64(numerics.quantize(dy, axis=1)), _deq64(numerics.quantize(w, block_2d=True)).T)
+  _assert_gemm_close(dx, _deq64(_quantize(dy, axis=1)), _deq64(_quantize(w, block_2d=True)).T)
   _assert_gemm_close(dw, x64.T, dy64)
   # fp8 wgrad: E4M3 x, E5M2 dy.
   r = gemm.GemmRecipe(fprop="bf16", dgrad="bf16", wgrad="fp8")
@@ -322,7 +332,7 @@ def test_sr_is_unbiased_in_the_mean():
   f = jax.jit(lambda key: _fwd_and_grads(r_sr, x, w, dy, key=key)[1])
   mean = np.mean([np.asarray(f(jax.random.key(i))) for i in range(64)], axis=0)
   rne = np.asarray(_fwd_and_grads(NO_SR, x, w, dy)[1])
-  exact_dy = np.asarray(dy, np.float64) @ _deq64(numerics.quantize(w, block_2d=True)).T
+  exact_dy = np.asarray(dy, np.float64) @ _deq64(_quantize(w, block_2d=True)).T
   assert np.abs(mean - exact_dy).mean() < np.abs(rne - exact_dy).mean()
 
 
@@ -363,5 +373,5 @@ def test_dtypes_follow_inputs():
   x, w, dy = _rand(39, (16, 32), jnp.bfloat16), _rand(40, (32, 16), jnp.float32), _rand(41, (16, 16))
   y, dx, dw = _fwd_and_grads(NO_SR, x, w, dy)
   assert (y.dtype, dx.dtype, dw.dtype) == (jnp.float32, jnp.bfloat16, jnp.float32)
-  y = gemm.dot_general(x, w.astype(jnp.bfloat16), (((1,), (0,)), ((), ())), recipe=NO_SR, preferred_element_type=jnp.float32)
+  y = _fwd(NO_SR, x, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
   assert y.dtype == jnp.float32
