@@ -26,10 +26,17 @@ Dequantization follows TE JAX's ``NVFP4Dequantizer`` (finite where the CUDA dequ
     x_hat = float(q) * (float(s8) * (amax / 2688))
 
 What is bit-checkable: ``data``, ``scale`` and ``amax`` for round-to-nearest (all shapes, 1D along any
-axis, 2D, RHT), on every backend, including inputs whose fp32 intermediates are subnormal (XLA:CPU
+axis, 2D, RHT -- the latter wherever the 16-term fp32 RHT sums do not depend on accumulation order,
+since the tensor-core MMA order is unspecified), on every backend, including inputs whose fp32 intermediates are subnormal (XLA:CPU
 flushes fp32 subnormals to zero; every step that can meet one is computed with exact integer/exponent
 arithmetic instead). Stochastic rounding matches TE only in distribution: the hardware uses Philox bits
 tied to the CUDA thread mapping, which cannot be reproduced.
+
+XLA pitfalls handled here (each one changed golden bits before it was fixed): XLA:CPU compares with
+denormals-are-zero (a subnormal amax tests ``== 0``; zero tests use the bits), flushes subnormal
+operands of arithmetic and dots (exact integer/exponent paths, RHT of tiny groups at 2**64 scale), and
+its algebraic simplifier rewrites ``x / constant`` as ``x * fl(1/constant)`` (``amax / 2688`` hides its
+constant behind an optimization barrier). ``dequantize`` is bit-exact with TE JAX's under jit.
 
 Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
 f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
@@ -59,6 +66,7 @@ __all__ = [
     "E4M3_MAX",
     "NVFP4Tensor",
     "RHT_SIGNS",
+    "as_numpy",
     "block_values",
     "dequantize",
     "e2m1_rne",
