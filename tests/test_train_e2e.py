@@ -1,0 +1,60 @@
+"""``python -m maxtext_nvfp4.train`` trains end to end in a subprocess (tiny model, CPU)."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from maxtext_helpers import read_metrics, tiny_argv
+
+pytestmark = pytest.mark.slow
+
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("e2e"))
+  # No tokenizer_path: the entry point must supply the packaged one (MaxText's pip default is broken).
+  args = tiny_argv(out, run_name="e2e", steps=STEPS, quantization="nvfp4", nvfp4_keep_last_layers=1,
+                   base_num_decoder_layers=2, tokenizer_path=None)[1:]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.train", *args], capture_output=True, text=True,
+                        timeout=900, env=env, check=False)
+  return proc, os.path.join(out, "e2e.jsonl")
+
+
+def test_exits_cleanly(run):
+  proc, _ = run
+  assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-5000:])
+
+
+def test_per_step_log_lines(run):
+  proc, _ = run
+  text = proc.stdout + proc.stderr
+  for s in range(STEPS):
+    assert f"completed step: {s}," in text, text[-3000:]
+
+
+def test_backend_table_and_tokenizer_are_reported(run):
+  proc, _ = run
+  text = proc.stdout + proc.stderr
+  assert "NVFP4 backend = emulate" in text
+  assert "no tokenizer_path given; using" in text and "tokenizer.llama2" in text
+  table = [l.split() for l in text.splitlines() if l.split()[:2] in (["0", "wo"], ["1", "wo"])]
+  assert ["0", "wo", "nvfp4", "nvfp4", "nvfp4"] in table and ["1", "wo", "bf16", "bf16", "bf16"] in table
+
+
+def test_metrics_file_has_every_step(run):
+  _, metrics = run
+  rows = read_metrics(metrics)
+  assert [int(r["step"]) for r in rows] == list(range(STEPS))
+  assert all(math.isfinite(r["learning/loss"]) for r in rows)
+
+
+def test_cli_dispatcher_help():
+  from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
+
+  assert train.cli_main(["--help"]) == 0
