@@ -213,3 +213,24 @@ def test_step_wrapper_publishes_the_optimizer_step():
   wrapped(None, None, None, None, {"optimizer": {"step": 7}}, None)
   wrapped(None, None, None, None, state={"optimizer": {"step": 9}}, data=None)
   assert seen == [7, 9] and maxtext_plugin.current_step() is None
+
+
+def test_no_state_added_to_the_model():
+  # The checkpointed state (params, optimizer inputs, rng counters) of an nvfp4 model is the bf16 one.
+  def leaves(**overrides):
+    _, model = model_creation_utils.create_nnx_abstract_model(pyconfig.initialize(tiny_argv(**overrides)))
+    return {tuple(map(str, p)): (v.shape, v.dtype) for p, v in nnx.to_flat_state(nnx.state(model))}
+
+  bf16 = leaves(quantization="")
+  assert any("wi_0" in p for p in bf16)
+  assert leaves(quantization="nvfp4", nvfp4_fallback="fp8") == bf16
+
+
+def test_te_plan_counts_like_the_emulation():
+  c = _config(nvfp4_keep_first_layers=1, nvfp4_targets="attention")
+  s = maxtext_plugin.settings_of(c)
+  p = maxtext_plugin.TePlan(settings=s, num_layers=3)
+  got = [p(axes) for _ in range(3) for axes in LAYER_AXES]
+  want = [("nvfp4" if l >= 1 and r in plan.ATTENTION_ROLES else "bf16") for l in range(3) for r in plan.decoder_roles()]
+  assert got == want
+  assert p == maxtext_plugin.TePlan(settings=s, num_layers=3) and hash(p) == hash(maxtext_plugin.TePlan(settings=s, num_layers=3))
