@@ -8,8 +8,8 @@ train ...`` (:func:`cli_main`).
 Two conveniences over calling MaxText directly:
 
 * MaxText 0.2.5 installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
-  (``site-packages/maxtext/src/maxtext/assets/...``). When neither the command line, the recipe YAML nor
-  ``M_TOKENIZER_PATH`` sets ``tokenizer_path``, we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
+  (``site-packages/maxtext/src/maxtext/assets/...``). When neither the command line, the recipe YAML (or a
+  ``base_config`` beside it) nor ``M_TOKENIZER_PATH`` sets ``tokenizer_path``, we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
   and say so.
 * Config errors (ours and MaxText's pydantic ones) end the process with exit code 2 and the one-line
   ``MAXTEXT CONFIG ERROR: ...`` message MaxText logs, without a traceback. (MaxText itself re-raises
@@ -40,6 +40,24 @@ def _yaml_keys(path: str) -> dict:
     return {}
 
 
+def _yaml_sets_tokenizer(path: str) -> bool:
+  """Whether the recipe or a ``base_config`` it inherits from (beside it, as MaxText looks first) sets one.
+
+  MaxText's packaged base.yml has ``tokenizer_path: ""``, so a chain ending there sets none.
+  """
+  for _ in range(16):  # base_config chains are short; a cycle must not hang us
+    keys = _yaml_keys(path)
+    if keys.get("tokenizer_path"):
+      return True
+    base = keys.get("base_config")
+    if not isinstance(base, str):
+      return False
+    path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
+    if not os.path.isfile(path):
+      return False
+  return False
+
+
 def default_tokenizer_path() -> str:
   """``<maxtext package>/assets/tokenizers/tokenizer.llama2`` (ships in the MaxText wheel)."""
   import maxtext  # pylint: disable=import-outside-toplevel
@@ -51,7 +69,7 @@ def with_default_tokenizer(args: list[str]) -> list[str]:
   """``args`` (``[RECIPE.yml] key=value ...``) plus ``tokenizer_path=<default>`` when nothing sets it."""
   if any(a.startswith("tokenizer_path=") for a in args) or "M_TOKENIZER_PATH" in os.environ:
     return args
-  if args and args[0].endswith(".yml") and _yaml_keys(args[0]).get("tokenizer_path"):
+  if args and args[0].endswith(".yml") and _yaml_sets_tokenizer(args[0]):
     return args
   path = default_tokenizer_path()
   print(f"maxtext-nvfp4: no tokenizer_path given; using {path} (MaxText's pip-install default points to a"

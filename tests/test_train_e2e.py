@@ -58,3 +58,17 @@ def test_cli_dispatcher_help():
   from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
 
   assert train.cli_main(["--help"]) == 0
+
+
+def test_default_tokenizer_only_when_nothing_sets_it(tmp_path, monkeypatch):
+  from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.delenv("M_TOKENIZER_PATH", raising=False)
+  (tmp_path / "parent.yml").write_text("base_config: base.yml\ntokenizer_path: my/tok\n")
+  (tmp_path / "child.yml").write_text("base_config: parent.yml\nsteps: 2\n")
+  (tmp_path / "bare.yml").write_text("base_config: base.yml\nsteps: 2\n")
+  assert train.with_default_tokenizer([str(tmp_path / "child.yml")]) == [str(tmp_path / "child.yml")]
+  assert train.with_default_tokenizer(["tokenizer_path=x"]) == ["tokenizer_path=x"]
+  added = train.with_default_tokenizer([str(tmp_path / "bare.yml"), "steps=3"])
+  assert added[:2] == [str(tmp_path / "bare.yml"), "steps=3"]
+  assert added[2] == f"tokenizer_path={train.default_tokenizer_path()}" and os.path.isfile(added[2].split("=", 1)[1])
