@@ -372,6 +372,8 @@ def _linen_module_class():
       step = current_step()
       if step is not None:
         _note_traced(self.layer, self.role, self.recipe, self.switched)
+      # else: outside MaxText's train/eval step (DenseGeneral's dummy call at model build, plain model
+      # applies): step 0. Not warned about: every model build makes such a call.
       step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
       use_switched = None if self.switched is None else step >= self.switch_step
       return gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
@@ -442,11 +444,15 @@ def _quantization_class():
 _logged: set[str] = set()
 
 
-def _log_once(text: str) -> None:
+def _log_once(text: str, warn: bool = False) -> None:
+  """Print and log ``text`` once per process (MaxText builds the quantization object several times)."""
   with _log_lock:
     if text in _logged:
       return
     _logged.add(text)
+  if warn:
+    _log.warning(text)
+    return
   print(text, flush=True)
   _log.info(text)
 
@@ -475,6 +481,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
   from ``te_backend.make_te_quantization(TransformerEngineQuantization, config, settings, plan)``.
   """
   del quant_mode_str  # emulated NVFP4 is the same computation in train/serve/convert
+  register()  # the patch set calls us without importing the package first: make sure the step is wired
   s = settings_of(config)
   choice = _backend_choice(s)
   if choice is not None:
@@ -584,3 +591,8 @@ def register() -> None:
       module = sys.modules.get(name)
       if module is not None:
         _apply(name, module)
+    # `python -m maxtext.trainers.pre_train.train` (e.g. with the patch set) runs MaxText's train module as
+    # __main__: its train_step is looked up there, so wrap that copy too.
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == _TRAIN and hasattr(main, "train_step"):
+      _apply(_TRAIN, main)

@@ -160,3 +160,17 @@ def test_train_cli_config_error_exits_2_with_one_line():
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
   line = out.stderr.strip().splitlines()[-1]
   assert line.startswith("MAXTEXT CONFIG ERROR: nvfp4_targets='ffn'") and "'mlp'" in line, line
+
+
+def test_register_wraps_maxtexts_train_module_run_as_main():
+  # `python -m maxtext.trainers.pre_train.train` (patch-set mode) runs the module as __main__.
+  code = ("import runpy, sys; sys.argv = ['x', '--help'];\n"
+          "import maxtext.trainers.pre_train.train as t\n"
+          "mod = type(sys)('__main__'); mod.__spec__ = t.__spec__; mod.train_step = t.train_step;"
+          " mod.eval_step = t.eval_step; sys.modules['__main__'] = mod\n"
+          "import maxtext_nvfp4; maxtext_nvfp4.register()\n"
+          "assert getattr(mod.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
+          "assert getattr(t.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
+          "print('ok')")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
