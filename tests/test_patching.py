@@ -362,14 +362,24 @@ def test_parser_handles_no_newline_at_eof_and_signature_lines(tmp_path):
 # end to end: patched MaxText vs plugin mode
 
 
-def _plugin_ready() -> str | None:
-  if importlib.util.find_spec("maxtext_nvfp4.train") is None:
-    return "maxtext_nvfp4/train.py (plugin-mode entry point) does not exist yet"
+# Plugin mode without our entry point: exactly what `python -m maxtext_nvfp4.train` does (import the
+# package, which registers the plugin, then run MaxText's own train.main under absl).
+_PLUGIN_LAUNCHER = (
+    "import maxtext_nvfp4\n"
+    "from absl import app\n"
+    "from maxtext.trainers.pre_train import train\n"
+    "app.run(train.main)\n"
+)
+
+
+def _plugin_command() -> list[str] | None:
   from maxtext_nvfp4 import maxtext_plugin  # pylint: disable=import-outside-toplevel
 
   if not hasattr(maxtext_plugin, "make_quantization"):
-    return "maxtext_nvfp4.maxtext_plugin.make_quantization does not exist yet"
-  return None
+    return None
+  if importlib.util.find_spec("maxtext_nvfp4.train") is not None:
+    return [PY, "-m", "maxtext_nvfp4.train"]
+  return [PY, "-c", _PLUGIN_LAUNCHER]
 
 
 def _losses(path: Path) -> list[float]:
@@ -379,28 +389,28 @@ def _losses(path: Path) -> list[float]:
 
 @pytest.mark.slow
 def test_patched_maxtext_train_matches_plugin_mode(pkg, tmp_path):
-  why = _plugin_ready()
-  if why:
-    pytest.skip(why)
+  plugin_cmd = _plugin_command()
+  if plugin_cmd is None:
+    pytest.skip("maxtext_nvfp4.maxtext_plugin.make_quantization does not exist yet")
   assert patching.apply(pkg, log=lambda *_: None) == patching.APPLIED
   recipe = REPO / "recipes" / "demo_nvfp4.yml"
+  # Tiny model (2 layers, emb 64) on synthetic data: three steps, compile dominates.
   common = [
-      "steps=3", "dataset_type=synthetic", "per_device_batch_size=1", "max_target_length=64", "eval_interval=-1",
+      "steps=3", "dataset_type=synthetic", "per_device_batch_size=1", "max_target_length=32", "eval_interval=-1",
+      "base_num_decoder_layers=2", "base_emb_dim=64", "base_mlp_dim=128", "base_num_query_heads=4",
+      "base_num_kv_heads=4", "head_dim=16", "vocab_size=256", "scan_layers=false",
       "tokenizer_type=sentencepiece", f"tokenizer_path={INSTALLED}/assets/tokenizers/tokenizer.llama2",
       f"base_output_directory={tmp_path}/out", "enable_checkpointing=false", "enable_goodput_recording=false",
       "monitor_goodput=false", "attention=dot_product", "quantization=nvfp4", "nvfp4_backend=emulate",
+      "nvfp4_stochastic_rounding=true", "nvfp4_rht=true",
   ]
-  if recipe.is_file():
-    args = [str(recipe), *common]
-  else:
-    args = ["base_emb_dim=64", "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=16",
-            "base_mlp_dim=128", "base_num_decoder_layers=2", "vocab_size=256", *common]
+  args = [str(recipe), *common] if recipe.is_file() else common
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1")
   env.pop("PYTHONPATH", None)
   runs = {}
   for mode, cmd, pythonpath in (
       ("patched", [PY, "-m", "maxtext.train"], str(pkg.parent)),
-      ("plugin", [PY, "-m", "maxtext_nvfp4.train"], None),
+      ("plugin", plugin_cmd, None),
   ):
     metrics = tmp_path / f"{mode}.jsonl"
     e = dict(env, **({"PYTHONPATH": pythonpath} if pythonpath else {}))
