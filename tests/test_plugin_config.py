@@ -144,14 +144,6 @@ def test_nvfp4_routed_to_our_quantization():
   assert maxtext_plugin.make_quantization(c) == q  # fresh object, same configuration
 
 
-def test_import_is_cheap_and_registers_lazily():
-  code = ("import sys, maxtext_nvfp4; assert 'jax' not in sys.modules and 'maxtext.configs.pyconfig' not in sys.modules;"
-          " from maxtext.configs import types; print(types.QuantizationType('nvfp4').value)")
-  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert out.stdout.strip().endswith("nvfp4")
-
-
 def test_train_cli_config_error_exits_2_with_one_line():
   args = tiny_argv(quantization="nvfp4", nvfp4_targets="ffn")[1:]
   out = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.train", *args], capture_output=True, text=True,
@@ -162,15 +154,22 @@ def test_train_cli_config_error_exits_2_with_one_line():
   assert line.startswith("MAXTEXT CONFIG ERROR: nvfp4_targets='ffn'") and "'mlp'" in line, line
 
 
-def test_register_wraps_maxtexts_train_module_run_as_main():
-  # `python -m maxtext.trainers.pre_train.train` (patch-set mode) runs the module as __main__.
-  code = ("import runpy, sys; sys.argv = ['x', '--help'];\n"
+
+def test_import_is_cheap_then_registers_lazily_including_train_run_as_main():
+  # One subprocess (imports are slow on 2 cores): 1) `import maxtext_nvfp4` imports neither JAX nor
+  # MaxText; 2) MaxText modules imported later are patched; 3) `python -m maxtext.trainers.pre_train.train`
+  # (patch-set mode) runs MaxText's train module as __main__, whose train_step must be wrapped too.
+  code = ("import sys, maxtext_nvfp4\n"
+          "assert 'jax' not in sys.modules and 'maxtext.configs.pyconfig' not in sys.modules\n"
+          "from maxtext.configs import types\n"
+          "assert types.QuantizationType('nvfp4').value == 'nvfp4'\n"
           "import maxtext.trainers.pre_train.train as t\n"
-          "mod = type(sys)('__main__'); mod.__spec__ = t.__spec__; mod.train_step = t.train_step;"
-          " mod.eval_step = t.eval_step; sys.modules['__main__'] = mod\n"
-          "import maxtext_nvfp4; maxtext_nvfp4.register()\n"
-          "assert getattr(mod.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
           "assert getattr(t.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
+          "mod = type(sys)('__main__'); mod.__spec__ = t.__spec__\n"
+          "mod.train_step = t.train_step._maxtext_nvfp4_wrapped; mod.eval_step = t.eval_step._maxtext_nvfp4_wrapped\n"
+          "sys.modules['__main__'] = mod\n"
+          "maxtext_nvfp4.register()\n"
+          "assert getattr(mod.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
           "print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
