@@ -153,62 +153,69 @@ def _fp8_dot(qa, qb, contract, out_dtype):
   return _scaled_dot(qa.values(jnp.bfloat16), qb.values(jnp.bfloat16), contract, qa.scale_inv * qb.scale_inv, out_dtype)
 
 
-def _quantize_weight(w, recipe: GemmRecipe, contraction_axis: int):
-  """W (K, N) for fprop (contraction_axis 0) or dgrad (1); returns (quantized, padded shape)."""
+def _quantize_weight(w, two_d: bool, contraction_axis: int):
+  """W (K, N) quantized for fprop (contraction_axis 0) or dgrad (1), zero-padded as the blocks need.
+
+  2D: 16x16 tiles over both (padded) axes, identical for both passes. 1D: 1x16 along the contraction.
+  """
   k, n = w.shape
-  if recipe.two_d_weights:
-    wp = _pad_to(w, (_round_up(k), _round_up(n)))
-    return numerics.quantize(wp, block_2d=True)
+  if two_d:
+    return numerics.quantize(_pad_to(w, (_round_up(k), _round_up(n))), block_2d=True)
   shape = (_round_up(k), n) if contraction_axis == 0 else (k, _round_up(n))
   return numerics.quantize(_pad_to(w, shape), axis=contraction_axis)
 
 
+def _quantize_x_for_wgrad(x, rht: bool):
+  """x (M, K) quantized 1x16 along tokens (rows), RHT-rotated when ``rht``; RNE. Tokens zero-padded."""
+  return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht)
+
+
 # ----------------------------------------------------------------------------------------------
-# The three passes on 2D operands: x (M, K), w (K, N), dy (M, N)
+# The three passes on 2D operands: x (M, K), w (K, N), dy (M, N). ``qw`` / ``qx`` are operands
+# already quantized for this pass (shared with another pass or saved by the forward).
 # ----------------------------------------------------------------------------------------------
-def _fprop(r: GemmRecipe, x, w, out_dtype):
+def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None):
   if r.fprop == "bf16":
     return _plain_dot(x, w, (1, 0), out_dtype)
   if r.fprop == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
-  m, k = x.shape
-  qw = _quantize_weight(w, r, 0)
-  kp, np_ = qw.shape
-  qx = numerics.quantize(_pad_to(x, (m, kp)), axis=1)
+  if qw is None:
+    qw = _quantize_weight(w, r.two_d_weights, 0)
+  qx = numerics.quantize(_pad_to(x, (x.shape[0], qw.shape[0])), axis=1)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
-def _dgrad(r: GemmRecipe, dy, w, key, out_dtype):
+def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype):
+  """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad."""
   if r.dgrad == "bf16":
     return _plain_dot(dy, w, (1, 1), out_dtype)
   if r.dgrad == "fp8":
     return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
-  m, n = dy.shape
-  qw = _quantize_weight(w, r, 1)
+  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1)
   qdy = numerics.quantize(
-      _pad_to(dy, (m, qw.shape[1])), axis=1, stochastic_key=key if r.stochastic_rounding else None
+      _pad_to(dy, (dy.shape[0], qw.shape[1])), axis=1, stochastic_key=key if r.stochastic_rounding else None
   )
-  return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, : w.shape[0]]
+  return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
 
 def _wgrad(r: GemmRecipe, x, dy, key, out_dtype):
+  """``x``: the (M, K) activations, or (nvfp4 only) their NVFP4Tensor quantized for wgrad."""
   if r.wgrad == "bf16":
     return _plain_dot(x, dy, (0, 0), out_dtype)
   if r.wgrad == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(dy, "e5m2"), (0, 0), out_dtype)
-  mp = _round_up(x.shape[0])
-  qx = numerics.quantize(_pad_to(x, (mp, x.shape[1])), axis=0, rht=r.rht)
+  qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht)
   qdy = numerics.quantize(
-      _pad_to(dy, (mp, dy.shape[1])), axis=0, rht=r.rht, stochastic_key=key if r.stochastic_rounding else None
+      _pad_to(dy, (qx.shape[0], dy.shape[1])), axis=0, rht=r.rht, stochastic_key=key if r.stochastic_rounding else None
   )
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 
 
-def _select(use_switched, recipe: GemmRecipe, switched: GemmRecipe | None, name: str, fn: Callable):
+def _select(use_switched, static: "_Static", name: str, fn: Callable):
   """``fn(recipe)``, or a ``lax.cond`` on ``use_switched`` between ``fn(switched)`` and it."""
-  if switched is None or switched._pass_signature(name) == recipe._pass_signature(name):
-    return fn(recipe)
-  return lax.cond(use_switched, lambda: fn(switched), lambda: fn(recipe))
+  if static.uniform(name):
+    return fn(static.recipe)
+  return lax.cond(use_switched, lambda: fn(static.switched), lambda: fn(static.recipe))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -216,24 +223,64 @@ def _select(use_switched, recipe: GemmRecipe, switched: GemmRecipe | None, name:
 # ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Static:
+  """Trace-time facts of one 2D GEMM (hashable: a nondiff custom_vjp argument)."""
+
   recipe: GemmRecipe
   switched: GemmRecipe | None
   out_dtype: object
+  x_dtype: object
+  w_dtype: object
+  k: int
+
+  def uniform(self, name: str) -> bool:
+    """Pass ``name`` computes the same thing whether or not the switch is on."""
+    return self.switched is None or self.switched._pass_signature(name) == self.recipe._pass_signature(name)
+
+  def _branches(self):
+    return (self.recipe,) if self.switched is None else (self.recipe, self.switched)
+
+  @property
+  def save_quantized_w(self) -> bool:
+    """Every branch's dgrad is nvfp4 with the same weight blocks: save that 4-bit W instead of W."""
+    return len({(r.dgrad, r.two_d_weights) for r in self._branches()}) == 1 and self.recipe.dgrad == "nvfp4"
+
+  @property
+  def save_quantized_x(self) -> bool:
+    """Every branch's wgrad is nvfp4 with the same RHT: save that 4-bit xᵀ instead of x."""
+    return len({(r.wgrad, r.rht) for r in self._branches()}) == 1 and self.recipe.wgrad == "nvfp4"
+
+
+def _forward(static: _Static, x, w, use_switched):
+  """(y, the dgrad-quantized W or None)."""
+  qw = _quantize_weight(w, static.recipe.two_d_weights, 1) if static.save_quantized_w else None
+
+  def fprop(r):
+    # 16x16 tiles are the same for fprop and dgrad: quantize W once.
+    share = qw is not None and qw.block_2d and r.two_d_weights
+    return _fprop(r, x, w, static.out_dtype, qw=qw if share else None)
+
+  return _select(use_switched, static, "fprop", fprop), qw
 
 
 def _gemm2d_impl(static: _Static, x, w, use_switched, key):
-  return _select(use_switched, static.recipe, static.switched, "fprop", lambda r: _fprop(r, x, w, static.out_dtype))
+  del key  # only the backward is stochastic
+  return _forward(static, x, w, use_switched)[0]
 
 
 def _gemm2d_fwd(static, x, w, use_switched, key):
-  return _gemm2d_impl(static, x, w, use_switched, key), (x, w, use_switched, key)
+  y, qw = _forward(static, x, w, use_switched)
+  # Residuals: at most what a bf16 GEMM saves (x and W), each replaced by its 4-bit form when every
+  # branch of the backward consumes only that form.
+  x_res = _quantize_x_for_wgrad(x, static.recipe.rht) if static.save_quantized_x else x
+  w_res = qw if qw is not None else w
+  return y, (x_res, w_res, use_switched, key)
 
 
 def _gemm2d_bwd(static, res, dy):
   x, w, use_switched, key = res
   kd, kw = sr_keys(key) if key is not None else (None, None)
-  dx = _select(use_switched, static.recipe, static.switched, "dgrad", lambda r: _dgrad(r, dy, w, kd, x.dtype))
-  dw = _select(use_switched, static.recipe, static.switched, "wgrad", lambda r: _wgrad(r, x, dy, kw, w.dtype))
+  dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype))
+  dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype))
   return dx, dw, None, None
 
 
@@ -310,7 +357,9 @@ def dot_general(
   k = math.prod(lhs.shape[d] for d in lc)
 
   out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else jnp.result_type(lhs, rhs)
-  static = _Static(recipe=recipe, switched=switched, out_dtype=out_dtype)
+  static = _Static(
+      recipe=recipe, switched=switched, out_dtype=out_dtype, x_dtype=lhs.dtype, w_dtype=rhs.dtype, k=k
+  )
   if use_switched is not None:
     use_switched = jnp.asarray(use_switched, jnp.bool_)
 

@@ -375,3 +375,27 @@ def test_dtypes_follow_inputs():
   assert (y.dtype, dx.dtype, dw.dtype) == (jnp.float32, jnp.bfloat16, jnp.float32)
   y = _fwd(NO_SR, x, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
   assert y.dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    "recipe,switched",
+    [
+        (gemm.GemmRecipe(), None),
+        (gemm.GemmRecipe(), gemm.GemmRecipe(fprop="bf16")),  # the paper's forward-only switch
+        (gemm.GemmRecipe(), gemm.GemmRecipe(fprop="bf16", dgrad="bf16", wgrad="bf16")),
+        (gemm.GemmRecipe(fprop="fp8", dgrad="fp8", wgrad="fp8"), None),
+    ],
+)
+def test_residuals_are_no_larger_than_bf16(recipe, switched):
+  """The forward saves at most what a bf16 GEMM saves (x and W), never both bf16 and quantized copies."""
+  from jax._src.ad_checkpoint import saved_residuals  # pylint: disable=import-outside-toplevel
+
+  x, w = _rand(42, (64, 48), jnp.bfloat16), _rand(43, (48, 32), jnp.bfloat16)
+  kw = dict(switched=switched, use_switched=jnp.bool_(True)) if switched else {}
+  f = lambda x, w: gemm.dot_general(x, w, _DN, recipe=recipe, key=jax.random.key(0), **kw)
+  res = saved_residuals(f, x, w)
+  nbytes = sum(np.prod(aval.shape) * aval.dtype.itemsize for aval, _ in res if not jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key))
+  budget = x.nbytes + w.nbytes + 16  # + the switch flag
+  assert nbytes <= budget, res
+  if recipe.wgrad == "nvfp4" and recipe.dgrad == "nvfp4" and switched is None:
+    assert nbytes < 0.75 * budget  # 4-bit forms replace the bf16 operands
