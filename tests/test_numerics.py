@@ -345,9 +345,10 @@ def test_larger_shapes_and_fp32_input(mode):
   check_against(quantize_mode(x, mode), *quantize_ref(x, mode), f"stack/{mode}")
   if mode != "rht_col":
     rng = np.random.default_rng(5)
-    xf = (rng.standard_normal((64, 128)) * 10.0 ** rng.uniform(-30, 30, (64, 128))).astype(np.float32)
-    t = nv.quantize(jnp.asarray(xf), block_2d=True) if mode == "2d" else nv.quantize(jnp.asarray(xf), axis=1 if mode == "row" else 0)
-    check_against(t, *quantize_ref(xf, mode), f"fp32/{mode}")
+    for lo, hi in ((-30, 30), (-45, -36)):  # wide range; fp32 subnormals with 24-bit (non-bf16) values
+      xf = (rng.standard_normal((64, 128)) * 10.0 ** rng.uniform(lo, hi, (64, 128))).astype(np.float32)
+      t = nv.quantize(jnp.asarray(xf), block_2d=True) if mode == "2d" else nv.quantize(jnp.asarray(xf), axis=1 if mode == "row" else 0)
+      check_against(t, *quantize_ref(xf, mode), f"fp32 1e{lo}..1e{hi}/{mode}")
 
 
 @pytest.mark.parametrize("mode", MODES)
