@@ -11,6 +11,8 @@ Variants (each GEMM of the MLP replaced by):
   fp8       ``gemm.dot_general`` with fprop/dgrad/wgrad = "fp8" (TE per-tensor current scaling, HYBRID)
   sdg       ``jax.nn.scaled_dot_general`` with JAX's nvfp4 config (1x16 RNE, no 2D/RHT/SR, one static
             global scale per operand = amax/2688 of the initial tensor; the gradient config uses dy's)
+  nvfp4_nosr, nvfp4_norht, nvfp4_plain (no SR/RHT/2D), nvfp4_fprop_only (bf16 dgrad/wgrad):
+            ablations of the recipe, for profiling (not run by default)
 
 Modes: ``fwd`` (y only) and ``fwdbwd`` (y and the gradients of ``sum(y * g)`` w.r.t. x, W0, W1, Wo for
 a fixed random cotangent g: one full training-step worth of GEMMs).
@@ -57,6 +59,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from maxtext_nvfp4 import gemm  # pylint: disable=wrong-import-position
 
 VARIANTS = ("bf16", "nvfp4", "fp8", "sdg")
+# Ablations of the NVFP4 recipe (profiling: what each feature costs). Not run by default.
+ABLATIONS = {
+    "nvfp4_nosr": gemm.GemmRecipe(stochastic_rounding=False),
+    "nvfp4_norht": gemm.GemmRecipe(rht=False),
+    "nvfp4_plain": gemm.GemmRecipe(stochastic_rounding=False, rht=False, two_d_weights=False),
+    "nvfp4_fprop_only": gemm.GemmRecipe(dgrad="bf16", wgrad="bf16"),
+}
 MODES = ("fwd", "fwdbwd")
 PRESETS = {
     # tokens, d_model, d_ff
@@ -66,7 +75,8 @@ PRESETS = {
 }
 # Relative Frobenius error vs bf16 allowed per variant (y, grads). One NVFP4 GEMM is ~8-10% off; the
 # MLP chains three and the SR gradients add noise. FP8 is ~3-5%.
-TOLERANCE = {"bf16": (0.0, 0.0), "nvfp4": (0.35, 0.6), "fp8": (0.1, 0.2), "sdg": (0.35, 0.6)}
+TOLERANCE = {"bf16": (0.0, 0.0), "nvfp4": (0.35, 0.6), "fp8": (0.1, 0.2), "sdg": (0.35, 0.6),
+             **{name: (0.35, 0.6) for name in ABLATIONS}}
 DN = (((1,), (0,)), ((), ()))  # (T, K) x (K, N)
 
 
@@ -117,6 +127,11 @@ def _nvfp4_dot(a, b, i, key):
   return gemm.dot_general(a, b, DN, recipe=_FULL, key=jax.random.fold_in(key, i))
 
 
+def _ablation_dot(name):
+  recipe = ABLATIONS[name]
+  return lambda a, b, i, key: gemm.dot_general(a, b, DN, recipe=recipe, key=jax.random.fold_in(key, i))
+
+
 def _fp8_dot(a, b, i, key):
   del i
   return gemm.dot_general(a, b, DN, recipe=_FP8, key=key)
@@ -158,6 +173,8 @@ def build(variant: str, mode: str, inp: Inputs):
     dot = _fp8_dot
   elif variant == "sdg":
     dot = _sdg_dot_factory(inp)
+  elif variant in ABLATIONS:
+    dot = _ablation_dot(variant)
   else:
     raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
   params = (inp.x, inp.w0, inp.w1, inp.wo)
@@ -173,7 +190,10 @@ def build(variant: str, mode: str, inp: Inputs):
 
 def residual_bytes(variant: str, inp: Inputs) -> int:
   """Bytes the backward keeps from the forward: the leaves of ``jax.vjp``'s closure (shapes only)."""
-  dot = {"bf16": _bf16_dot, "nvfp4": _nvfp4_dot, "fp8": _fp8_dot}.get(variant) or _sdg_dot_factory(inp)
+  if variant in ABLATIONS:
+    dot = _ablation_dot(variant)
+  else:
+    dot = {"bf16": _bf16_dot, "nvfp4": _nvfp4_dot, "fp8": _fp8_dot}.get(variant) or _sdg_dot_factory(inp)
   params = (inp.x, inp.w0, inp.w1, inp.wo)
   shapes = jax.eval_shape(lambda p, k: jax.vjp(lambda q: _mlp(q, dot, k), p)[1], params, inp.key)
   return int(sum(_nbytes(s) for s in jax.tree_util.tree_leaves(shapes)))
@@ -326,7 +346,7 @@ def main(argv=None) -> int:
   p.add_argument("--tokens", type=int, help="T (overrides the preset)")
   p.add_argument("--d-model", type=int, help="D (overrides the preset)")
   p.add_argument("--d-ff", type=int, help="F (overrides the preset)")
-  p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
+  p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS + tuple(ABLATIONS)}")
   p.add_argument("--modes", default=",".join(MODES), help=f"comma list of {MODES}")
   p.add_argument("--warmup", type=int, default=3)
   p.add_argument("--iters", type=int, default=20)
@@ -340,8 +360,8 @@ def main(argv=None) -> int:
   variants = [v for v in a.variants.split(",") if v]
   modes = [m for m in a.modes.split(",") if m]
   for v in variants:
-    if v not in VARIANTS:
-      p.error(f"unknown variant {v!r}; choose from {VARIANTS}")
+    if v not in VARIANTS and v not in ABLATIONS:
+      p.error(f"unknown variant {v!r}; choose from {VARIANTS + tuple(ABLATIONS)}")
   for m in modes:
     if m not in MODES:
       p.error(f"unknown mode {m!r}; choose from {MODES}")
