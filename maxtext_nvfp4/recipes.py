@@ -188,20 +188,28 @@ def check_hardware(config: Any, *, te_available: bool, gpu_cc: float | tuple[int
 
 
 def detect_hardware() -> tuple[bool, float | None]:
-  """``(te_available, min GPU compute capability or None)`` of this process. Imports JAX and tries
-  ``transformer_engine.jax`` only when a GPU is present (TE's CUDA extension is never loaded otherwise)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  """``(te_available, min GPU compute capability or None)`` without initializing any JAX backend.
 
-  from maxtext_nvfp4 import capability  # pylint: disable=import-outside-toplevel
+  Safe before ``jax.distributed.initialize`` (which must run before the first ``jax.devices()`` of a
+  multi-process job): the compute capability comes from ``nvidia-smi --query-gpu=compute_cap`` (GPUs in
+  ``CUDA_VISIBLE_DEVICES`` only, as nvidia-smi reports them), TE availability from the installed package
+  (``transformer_engine`` importable spec; its CUDA extension is not loaded). No nvidia-smi: no GPU.
+  """
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
 
-  ccs = [capability.device_compute_capability(d) for d in jax.devices()]
-  ccs = [c for c in ccs if c is not None]
-  gpu_cc = min(ccs) if ccs else None
-  if gpu_cc is None:  # importing TE without a GPU can fail for unrelated CUDA reasons: ask the metadata only
-    te_available = capability.te_version() is not None
-  else:
-    te_available = capability.te_unavailable_reason() is None
-  return te_available, gpu_cc
+  te_available = importlib.util.find_spec("transformer_engine") is not None
+  smi = shutil.which("nvidia-smi")
+  if smi is None:
+    return te_available, None
+  try:
+    out = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
+                         timeout=30, check=True).stdout
+    ccs = [float(line.strip()) for line in out.splitlines() if line.strip()]
+  except (OSError, subprocess.SubprocessError, ValueError):
+    return te_available, None
+  return te_available, (min(ccs) if ccs else None)
 
 
 def check_argv(argv: Sequence[str], *, te_available: bool, gpu_cc: float | tuple[int, int] | None) -> str | None:

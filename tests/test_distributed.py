@@ -27,7 +27,7 @@ STEPS = 3
 # The demo recipe, shrunk so that three processes compile it quickly on 2 cores; data synthetic (see docstring).
 OVERRIDES = [
     f"steps={STEPS}", "dataset_type=synthetic", f"tokenizer_path={TOKENIZER}", "tokenizer_type=sentencepiece",
-    "eval_interval=-1", "per_device_batch_size=1", "max_target_length=64", "base_num_decoder_layers=2",
+    "eval_interval=-1", "per_device_batch_size=1", "max_target_length=64", "base_num_decoder_layers=1",
     "ici_fsdp_parallelism=-1", "log_period=1",
 ]
 

@@ -253,3 +253,58 @@ def test_load_recipe_follows_the_chain_child_over_parent():
   c = recipes.load_recipe(os.path.join(RECIPES, "llama3_8b_nvfp4_c4.yml"))
   assert c["run_name"] == "llama3_8b_nvfp4_c4" and c["steps"] == 10000  # c4 base over llama3_8b_base (steps: 50)
   assert c["base_emb_dim"] == 4096 and c["base_config"] == "base.yml"
+
+
+def _metrics(path):
+  import json  # pylint: disable=import-outside-toplevel
+
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.slow
+def test_demo_pair_trains_on_the_embedded_corpus(tmp_path):
+  """The README flow: prepare-data (defaults, small cap) then the demo recipes, run from the data's parent dir."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+  r = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.cli", "prepare-data", "--quiet", "--max-mb", "0.5"],
+                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  (tmp_path / "runs").mkdir()
+  losses, evals = {}, {}
+  for name in ("demo_bf16", "demo_nvfp4"):
+    # The recipe as shipped, shrunk in time only (2 layers: the NVFP4 emulation compiles faster).
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.train", os.path.join(RECIPES, name + ".yml"), "steps=5",
+           "eval_interval=4", "eval_steps=1", "per_device_batch_size=2", "max_target_length=128",
+           "base_num_decoder_layers=2"]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    # Train losses from the log: MaxText 0.2.5 truncates metrics_file at every eval (see docs/recipes.md).
+    losses[name] = {int(m.group(1)): float(m.group(2)) for m in
+                    re.finditer(r"completed step: (\d+),.*? loss: ([0-9.]+)", r.stdout + r.stderr)}
+    rows = _metrics(str(tmp_path / "runs" / f"{name}.jsonl"))
+    evals[name] = [x["eval/avg_loss"] for x in rows if "eval/avg_loss" in x]
+    assert "Loading HF tokenizer: data/embedded/tokenizer" in r.stdout + r.stderr
+  for name in losses:
+    assert evals[name], f"{name}: no eval loss reported"
+    steps = sorted(losses[name])
+    assert steps == list(range(5)) and losses[name][4] < losses[name][0], losses[name]
+    assert all(0 < e < losses[name][0] + 1 for e in evals[name]), evals[name]
+  # NVFP4 really quantized something: the trajectories differ, but stay close.
+  common = sorted(set(losses["demo_bf16"]) & set(losses["demo_nvfp4"]))
+  assert common and any(losses["demo_bf16"][s] != losses["demo_nvfp4"][s] for s in common)
+  assert all(abs(losses["demo_bf16"][s] - losses["demo_nvfp4"][s]) < 0.5 for s in common)
+
+
+def test_detect_hardware_does_not_start_jax():
+  """It runs before jax.distributed.initialize in multi-process jobs, so it must not touch JAX."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  code = ("import sys; from maxtext_nvfp4 import recipes; te, cc = recipes.detect_hardware(); "
+          "print(type(te).__name__, cc, 'jax' in sys.modules)")
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+  te, cc, jax_loaded = r.stdout.split()
+  assert r.returncode == 0 and te == "bool" and jax_loaded == "False", r.stdout + r.stderr
