@@ -38,7 +38,7 @@ class Nvfp4Settings:
   fallback: str = "bf16"
   # Late precision switch: from this step on, `switch_scope` passes run in `switch_to`.
   # <= 0: off; 0 < v < 1: fraction of `steps`; >= 1: the step number.
-  switch_at_step: float = -1
+  switch_at_step: float = -1.0
   switch_to: str = "bf16"
   # forward: only fprop switches (the paper's cheap fix); all: fprop, dgrad and wgrad.
   switch_scope: str = "forward"
