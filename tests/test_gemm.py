@@ -115,6 +115,28 @@ def test_three_passes_match_quantize_dequantize_f64(sr, rht, two_d, mkn):
   _assert_gemm_close(dw, _deq64(qxt).T, _deq64(qdyt))
 
 
+def test_single_k_block_is_bit_exact_with_te_alpha():
+  """K = 16: one block, so the fp32 accumulation is exact in any order and y is bit-checkable.
+
+  Each block product sums 16 values q_x q_w (multiples of 1/4, |.| <= 36) times s8_x s8_w (8 bits):
+  at most ~20 significant bits, exact in fp32. Then y = fl(sum * alpha) with TE JAX's
+  alpha = fl(fl(amax_x / 2688) * fl(amax_w / 2688)) (not PyTorch's amax_x amax_w / 2688²).
+  """
+  m, k, n = 32, 16, 48
+  x, w = _rand(46, (m, k), scale=3.0), _rand(47, (k, n), scale=0.02)
+  y = np.asarray(_fwd(NO_SR, x, w))
+  qx, qw = _quantize(x, axis=1), _quantize(w, block_2d=True)
+  bx = np.asarray(qx.data, np.float64) * np.repeat(np.asarray(qx.scale, np.float64), 16, axis=1)
+  bw = np.asarray(qw.data, np.float64) * np.repeat(np.repeat(np.asarray(qw.scale, np.float64), 16, 0), 16, 1)
+  exact = bx @ bw
+  assert np.array_equal(exact.astype(np.float32).astype(np.float64), exact)  # representable: order-free
+  alpha = (np.float32(qx.amax) / np.float32(2688.0)) * (np.float32(qw.amax) / np.float32(2688.0))
+  # These seeds were picked so the PyTorch-reference alpha differs by an ulp: the test tells them apart.
+  assert alpha != np.float32(qx.amax) * np.float32(qw.amax) / np.float32(2688.0 * 2688.0)
+  want = exact.astype(np.float32) * np.float32(alpha)
+  np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
 def test_fprop_bf16_output_is_rounded_reference():
   x, w = _rand(2, (32, 64), jnp.bfloat16), _rand(3, (64, 32), jnp.bfloat16)
   y = _fwd(NO_SR, x, w)
