@@ -421,3 +421,33 @@ def test_residuals_are_no_larger_than_bf16(recipe, switched):
   assert nbytes <= budget, res
   if recipe.wgrad == "nvfp4" and recipe.dgrad == "nvfp4" and switched is None:
     assert nbytes < 0.75 * budget  # 4-bit forms replace the bf16 operands
+
+
+def test_under_remat_and_scan_equals_unrolled():
+  """MaxText wraps layers in jax.checkpoint and (scan_layers) lax.scan: same bits as the plain loop."""
+  x, dy = _rand(48, (32, 32), jnp.bfloat16), _rand(49, (32, 32), jnp.bfloat16)
+  ws = _rand(50, (2, 32, 32), jnp.bfloat16, scale=0.2)
+  key = jax.random.key(3)
+  r = gemm.GemmRecipe()
+
+  def layer(h, wk):
+    w, k = wk
+    return gemm.dot_general(h, w, _DN, recipe=r, key=k), None
+
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(2))
+
+  def scanned(x, ws):
+    return jax.lax.scan(jax.checkpoint(layer), x, (ws, keys))[0]
+
+  def unrolled(x, ws):
+    for i in range(2):
+      x = layer(x, (ws[i], keys[i]))[0]
+    return x
+
+  outs = []
+  for f in (scanned, unrolled):
+    y, vjp = jax.vjp(jax.jit(f), x, ws)
+    outs.append((y, *vjp(dy)))
+  for a, b in zip(*outs):
+    assert np.all(np.isfinite(np.asarray(a, np.float32)))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
