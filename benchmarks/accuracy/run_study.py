@@ -1,0 +1,620 @@
+"""Accuracy study: emulated NVFP4 vs FP8/BF16, its ablations, and two peer FP4 paths -- one command.
+
+  python benchmarks/accuracy/run_study.py            # the CPU study (see SIZINGS["cpu"]) + RESULTS.md + plots
+  python benchmarks/accuracy/run_study.py --quick    # harness smoke test: few steps, 1 seed, into OUT only
+  python benchmarks/accuracy/run_study.py --full     # the issue's sizing, for a machine with 2 free cores
+  python benchmarks/accuracy/run_study.py --report-only   # rebuild the report from OUT's finished runs
+
+Every run is the demo Llama-style proxy (recipes/demo_*.yml: MaxText llama2 decoder, 4 layers, d=128, the
+2048-token BPE on the embedded stdlib-source corpus, held-out eval split) trained by
+``python -m maxtext_nvfp4.train`` (ours, BF16, FP8) or ``benchmarks/accuracy/peer_train.py`` (the qwix and
+jax.nn peers), with ``init_weights_seed = data_shuffle_seed = nvfp4_seed = SEED``: for one seed every arm
+starts from the same weights and sees the same batches in the same order; seeds differ in both.
+
+Numbers (exact definitions, also printed in RESULTS.md):
+
+* final train loss = mean of ``learning/loss`` over the last ``max(1, ceil(steps / 10))`` steps;
+* eval loss = MaxText's ``eval/avg_loss`` of the eval run after the last step (``steps = k * eval_interval
+  + 1`` so the final eval sees the final weights; same eval batches in every run);
+* relative gap of arm A vs B for seed s = ``(eval_A(s) - eval_B(s)) / eval_B(s)`` (paired by seed), reported
+  as the mean over the seeds both arms ran;
+* seed spread of an arm = ``max_s eval(s) - min_s eval(s)`` (and the sample std) over its seeds.
+
+Targets (issue 10), evaluated mechanically in RESULTS.md:
+
+* nvfp4 vs bf16: mean relative gap <= 1 %, and ``mean(eval_nvfp4) - mean(eval_bf16) <= mean(eval_fp8) -
+  mean(eval_bf16) + spread``, spread = the larger of the nvfp4 / fp8 seed spreads;
+* nvfp4 vs each peer: ``mean(eval_peer) - mean(eval_nvfp4) > spread`` (spread = the larger seed spread of
+  the two arms; a single-seed peer borrows nvfp4's);
+* ablations vs nvfp4 (seed 0, paired): the sign the paper predicts (``Arm.expect``), and whether
+  ``|delta| > nvfp4's seed spread``.
+
+Runs write ``OUT/<arm>_s<seed>/{train.log, metrics.jsonl, result.json}``; a run whose result.json exists is
+not rerun (delete it to redo). ``--jobs 2`` trains two arms at once (each JAX process uses both cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+PEER_LAUNCHER = HERE / "peer_train.py"
+
+_STEP_RE = re.compile(r"completed step: (\d+), seconds: ([-+\w.]+),.*?[ ,]loss: ([-+\w.]+)")
+_EVAL_RE = re.compile(r"Completed eval after train step (\d+), loss=([-+\w.]+)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Arm:
+  """One configuration of the study."""
+
+  # Label in tables and run directories.
+  name: str
+  # key (>= 3 seeds), ablation, switch, peer.
+  group: str
+  # Recipe file in recipes/.
+  recipe: str
+  # MaxText / nvfp4_* overrides on top of the recipe.
+  overrides: tuple[str, ...] = ()
+  # None: python -m maxtext_nvfp4.train; "qwix" / "jaxnn": benchmarks/accuracy/peer_train.py PEER.
+  peer: str | None = None
+  # Paper's direction of the eval-loss change vs the nvfp4 arm: +1 worse, -1 better, 0 not an ablation.
+  expect: int = 0
+  # One line for the report.
+  description: str = ""
+
+
+_SWITCH = ("nvfp4_switch_at_step=0.8", "nvfp4_switch_to=bf16")
+ARMS: tuple[Arm, ...] = (
+    Arm(name="bf16", group="key", recipe="demo_bf16.yml", description="BF16 baseline (no quantization)"),
+    Arm(name="fp8", group="key", recipe="demo_bf16.yml", overrides=("quantization=fp8",),
+        description="MaxText quantization=fp8 (Fp8DirectDotGeneralOp, per-tensor current scaling)"),
+    Arm(name="nvfp4", group="key", recipe="demo_nvfp4.yml",
+        description="ours, TE NVFP4BlockScaling recipe (1x16 E4M3 + FP32 tensor scale, 2D weights, RHT wgrad,"
+                    " SR grads) on all projections of all layers"),
+    Arm(name="nvfp4_no_rht", group="ablation", recipe="demo_nvfp4.yml", overrides=("nvfp4_rht=false",), expect=1,
+        description="ours without the RHT on wgrad operands"),
+    Arm(name="nvfp4_no_sr", group="ablation", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_stochastic_rounding=false",), expect=1,
+        description="ours with round-to-nearest gradients (no SR)"),
+    Arm(name="nvfp4_1d_weights", group="ablation", recipe="demo_nvfp4.yml", overrides=("nvfp4_2d_weights=false",),
+        expect=1, description="ours with 1x16 weight blocks (no 16x16 2D weight blocks)"),
+    Arm(name="nvfp4_keep_last1", group="ablation", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_keep_last_layers=1",), expect=-1,
+        description="ours with the last of 4 decoder layers in BF16"),
+    Arm(name="nvfp4_mlp_only", group="ablation", recipe="demo_nvfp4.yml", overrides=("nvfp4_targets=mlp",),
+        expect=-1, description="ours on the MLP projections only (attention projections BF16)"),
+    Arm(name="nvfp4_switch_fwd", group="switch", recipe="demo_nvfp4.yml",
+        overrides=(*_SWITCH, "nvfp4_switch_scope=forward"), expect=-1,
+        description="ours, fprop switched to BF16 for the last 20 % of steps"),
+    Arm(name="nvfp4_switch_all", group="switch", recipe="demo_nvfp4.yml",
+        overrides=(*_SWITCH, "nvfp4_switch_scope=all"), expect=-1,
+        description="ours, all three GEMMs switched to BF16 for the last 20 % of steps"),
+    Arm(name="qwix_nvfp4", group="peer", recipe="demo_bf16.yml",
+        overrides=("quantization=fp4", "use_qwix_quantization=true"), peer="qwix",
+        description="peer: qwix nvfp4 qtype via MaxText's qwix path, 16-element tiles fwd+bwd, no tensor scale"),
+    Arm(name="jaxnn_nvfp4", group="peer", recipe="demo_bf16.yml", peer="jaxnn",
+        description="peer: jax.nn.scaled_dot_general nvfp4 (1x16 E4M3 scales, static global scale 1, bwd unquantized)"),
+)
+ARM_BY_NAME = {a.name: a for a in ARMS}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Sizing:
+  """How big the study is."""
+
+  # Mode name (--quick / --cpu / --full).
+  name: str
+  # Training steps of every run (= k * eval_interval + 1: the last eval sees the final weights).
+  steps: int
+  # MaxText eval_interval (evals after steps 0, eval_interval, ..., steps - 1).
+  eval_interval: int
+  # Eval batches per eval (batch 4 x 256 tokens each).
+  eval_steps: int
+  # Seeds of the key arms (bf16, fp8, nvfp4) and of the peers; every other arm runs seed 0 only.
+  key_seeds: int
+  peer_seeds: int
+  # Arms run in parallel.
+  jobs: int
+  # Where RESULTS.md and plots go besides OUT (None: OUT only).
+  publish: bool
+
+
+SIZINGS = {
+    "quick": Sizing(name="quick", steps=7, eval_interval=6, eval_steps=2, key_seeds=1, peer_seeds=1, jobs=2,
+                    publish=False),
+    # What fits ~1 h of wall time on a 2-core machine shared with other work.
+    "cpu": Sizing(name="cpu", steps=121, eval_interval=60, eval_steps=8, key_seeds=3, peer_seeds=1, jobs=2,
+                  publish=True),
+    # The issue's sizing for 2 free cores (each run <= ~15 min, whole study <= ~2 h): not run in this session.
+    "full": Sizing(name="full", steps=301, eval_interval=100, eval_steps=16, key_seeds=3, peer_seeds=3, jobs=1,
+                   publish=True),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSpec:
+  """One training run."""
+
+  # The arm and seed.
+  arm: Arm
+  seed: int
+  # Run directory (train.log, metrics.jsonl, result.json).
+  out: Path
+  # The command.
+  argv: tuple[str, ...]
+
+  @property
+  def key(self) -> str:
+    return f"{self.arm.name}_s{self.seed}"
+
+
+def seeds_of(arm: Arm, sizing: Sizing) -> list[int]:
+  n = sizing.key_seeds if arm.group == "key" else sizing.peer_seeds if arm.group == "peer" else 1
+  return list(range(n))
+
+
+def build_runs(sizing: Sizing, out: Path, *, arms: Sequence[str] | None = None, python: str = sys.executable,
+               extra: Sequence[str] = ()) -> list[RunSpec]:
+  """Every run of the study, ordered so partial results are useful: all seed-0 runs first (key arms and
+  peers, then ablations), then the extra seeds."""
+  chosen = [ARM_BY_NAME[a] for a in arms] if arms else list(ARMS)
+  runs = []
+  for arm in chosen:
+    for seed in seeds_of(arm, sizing):
+      d = out / f"{arm.name}_s{seed}"
+      launcher = [python, "-m", "maxtext_nvfp4.train"] if arm.peer is None else [python, str(PEER_LAUNCHER), arm.peer]
+      argv = (*launcher, str(REPO / "recipes" / arm.recipe), *arm.overrides,
+              f"run_name={arm.name}_s{seed}", f"base_output_directory={out / 'maxtext_runs'}",
+              f"metrics_file={d / 'metrics.jsonl'}",
+              f"init_weights_seed={seed}", f"data_shuffle_seed={seed}", f"nvfp4_seed={seed}",
+              f"steps={sizing.steps}", f"eval_interval={sizing.eval_interval}", f"eval_steps={sizing.eval_steps}",
+              "enable_checkpointing=false", *extra)
+      runs.append(RunSpec(arm=arm, seed=seed, out=d, argv=argv))
+  prio = {"key": 0, "peer": 1, "ablation": 2, "switch": 3}
+  return sorted(runs, key=lambda r: (r.seed > 0, prio[r.arm.group] if r.seed == 0 else 0))
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def parse_log(text: str) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
+  """(train loss by step, step seconds by step, eval loss by train step) from MaxText's log lines."""
+  train, secs, evals = {}, {}, {}
+  for line in text.splitlines():
+    m = _STEP_RE.search(line)
+    if m:
+      try:
+        train[int(m.group(1))] = float(m.group(3))
+        secs[int(m.group(1))] = float(m.group(2))
+      except ValueError:
+        pass
+      continue
+    m = _EVAL_RE.search(line)
+    if m:
+      try:
+        evals[int(m.group(1))] = float(m.group(2))
+      except ValueError:
+        pass
+  return train, secs, evals
+
+
+def summarize(spec: RunSpec, *, rc: int, wall_s: float, steps: int) -> dict:
+  """result.json of a finished run: losses from the metrics file (full precision) where MaxText kept them,
+  else from the log (3 decimals; MaxText 0.2.5 truncates metrics_file at each eval)."""
+  from maxtext_nvfp4 import compare, reproduce  # pylint: disable=import-outside-toplevel
+
+  log = (spec.out / "train.log").read_text(encoding="utf8", errors="replace")
+  train, secs, evals = parse_log(log)
+  metrics = spec.out / "metrics.jsonl"
+  merged = metrics
+  if metrics.exists():
+    logged = {s: {"step": s, compare.LOSS: v, compare.STEP_TIME: secs.get(s), "source": "log"}
+              for s, v in train.items()}
+    merged, _ = reproduce.recover_missing_steps(metrics, logged)
+    try:
+      run = compare.load_run(str(merged))
+      train.update({s: float(r[compare.LOSS]) for s, r in run.steps.items() if r.get("source") != "log"})
+      evals.update(run.eval_loss)
+    except compare.InputError:
+      pass
+  order = sorted(train)
+  n_tail = max(1, math.ceil(steps / 10))
+  tail = [train[s] for s in order[-n_tail:]]
+  finite = all(math.isfinite(v) for v in train.values())
+  final_eval_step = max(evals) if evals else None
+  timed = [secs[s] for s in sorted(secs)[2:]]  # skip compile (step 0) and the first warm step
+  return {
+      "arm": spec.arm.name, "seed": spec.seed, "rc": rc, "wall_s": round(wall_s, 1),
+      "argv": list(spec.argv), "steps_done": len(order), "steps": steps,
+      "complete": rc == 0 and len(order) == steps and final_eval_step == steps - 1,
+      "step0_loss": train.get(0), "final_train_loss": statistics.fmean(tail) if tail else None,
+      "final_eval_step": final_eval_step, "final_eval_loss": evals.get(final_eval_step),
+      "eval_loss": {str(k): v for k, v in sorted(evals.items())},
+      "train_loss": {str(k): train[k] for k in order}, "finite": finite,
+      "median_step_s": statistics.median(timed) if timed else None,
+      "metrics_for_compare": str(merged),
+  }
+
+
+def run_one(spec: RunSpec, *, steps: int, lock: threading.Lock, stream=sys.stdout) -> dict:
+  res_path = spec.out / "result.json"
+  if res_path.exists():
+    res = json.loads(res_path.read_text())
+    if res.get("complete"):
+      with lock:
+        print(f"[{spec.key}] done earlier: eval {res['final_eval_loss']}", file=stream, flush=True)
+      return res
+  shutil.rmtree(spec.out, ignore_errors=True)
+  spec.out.mkdir(parents=True)
+  maxtext_dir = Path(next(a for a in spec.argv if a.startswith("base_output_directory=")).split("=", 1)[1])
+  shutil.rmtree(maxtext_dir / spec.key, ignore_errors=True)
+  with lock:
+    print(f"[{spec.key}] start {datetime.datetime.now(datetime.timezone.utc):%H:%M:%S}Z: {shlex.join(spec.argv)}",
+          file=stream, flush=True)
+  t0 = time.monotonic()
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  with open(spec.out / "train.log", "w", encoding="utf8") as log:
+    rc = subprocess.run(list(spec.argv), stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env,
+                        check=False).returncode
+  res = summarize(spec, rc=rc, wall_s=time.monotonic() - t0, steps=steps)
+  res_path.write_text(json.dumps(res, indent=1) + "\n")
+  with lock:
+    print(f"[{spec.key}] end rc={rc} {res['wall_s']:.0f}s: train {_f(res['final_train_loss'])} eval "
+          f"{_f(res['final_eval_loss'])} ({res['steps_done']}/{steps} steps"
+          f"{'' if res['complete'] else ', INCOMPLETE'})", file=stream, flush=True)
+  return res
+
+
+def ensure_data(python: str) -> None:
+  """The recipes read data/embedded/ (relative to the repo root): build it with prepare-data if missing."""
+  if (REPO / "data" / "embedded" / "manifest.json").exists():
+    return
+  print("data/embedded missing: running maxtext-nvfp4 prepare-data", flush=True)
+  subprocess.run([python, "-m", "maxtext_nvfp4.cli", "prepare-data"], cwd=REPO, check=True)
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+
+
+def _f(v, fmt="{:.4f}") -> str:
+  return "n/a" if v is None or (isinstance(v, float) and not math.isfinite(v)) else fmt.format(v)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ArmStats:
+  """One arm over its finished seeds."""
+
+  # The arm.
+  arm: Arm
+  # seed -> result.json of the complete runs.
+  runs: dict
+  # Number of runs attempted but incomplete (failed / diverged / cut short).
+  incomplete: int
+
+  def evals(self) -> dict[int, float]:
+    return {s: r["final_eval_loss"] for s, r in self.runs.items() if r["final_eval_loss"] is not None}
+
+  def mean(self, key="final_eval_loss") -> float | None:
+    vals = [r[key] for r in self.runs.values() if r[key] is not None]
+    return statistics.fmean(vals) if vals else None
+
+  def spread(self) -> float | None:
+    v = list(self.evals().values())
+    return max(v) - min(v) if len(v) >= 2 else None
+
+  def std(self) -> float | None:
+    v = list(self.evals().values())
+    return statistics.stdev(v) if len(v) >= 2 else None
+
+
+def collect(out: Path, runs: Sequence[RunSpec]) -> dict[str, ArmStats]:
+  by_arm: dict[str, dict] = {}
+  bad: dict[str, int] = {}
+  for r in runs:
+    p = r.out / "result.json"
+    by_arm.setdefault(r.arm.name, {})
+    if not p.exists():
+      continue
+    res = json.loads(p.read_text())
+    if res.get("complete") and res.get("finite"):
+      by_arm[r.arm.name][r.seed] = res
+    else:
+      bad[r.arm.name] = bad.get(r.arm.name, 0) + 1
+  del out
+  return {a: ArmStats(arm=ARM_BY_NAME[a], runs=v, incomplete=bad.get(a, 0)) for a, v in by_arm.items()}
+
+
+def paired_rel_gap(a: ArmStats, b: ArmStats) -> tuple[float | None, float | None, float | None, int]:
+  """(mean, min, max) over shared seeds of (eval_a - eval_b) / eval_b, and the number of shared seeds."""
+  ea, eb = a.evals(), b.evals()
+  gaps = [(ea[s] - eb[s]) / eb[s] for s in sorted(set(ea) & set(eb))]
+  if not gaps:
+    return None, None, None, 0
+  return statistics.fmean(gaps), min(gaps), max(gaps), len(gaps)
+
+
+def _pct(v) -> str:
+  return "n/a" if v is None else f"{100 * v:+.2f} %"
+
+
+def table(stats: dict[str, ArmStats]) -> list[str]:
+  bf16, fp8 = stats.get("bf16"), stats.get("fp8")
+  head = ["arm", "seeds", "final train loss", "eval loss (mean)", "eval seed spread (max-min / std)",
+          "rel. gap vs BF16 (mean [min, max])", "rel. gap vs FP8", "step-0 loss", "median s/step"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for arm in ARMS:
+    st = stats.get(arm.name)
+    if st is None:
+      continue
+    if not st.runs:
+      lines.append(f"| {arm.name} | 0 (incomplete: {st.incomplete}) |" + " n/a |" * (len(head) - 2))
+      continue
+    def gap(base):
+      if base is None or base is st or not base.runs:
+        return "—" if base is st else "n/a"
+      m, lo, hi, n = paired_rel_gap(st, base)
+      return _pct(m) + (f" [{_pct(lo)}, {_pct(hi)}]" if n >= 2 else "")
+    spread = st.spread()
+    sp = f"{_f(spread)} / {_f(st.std())}" if spread is not None else "1 seed"
+    s0 = statistics.fmean([r["step0_loss"] for r in st.runs.values() if r["step0_loss"] is not None])
+    ms = statistics.fmean([r["median_step_s"] for r in st.runs.values() if r["median_step_s"]] or [float("nan")])
+    n = f"{len(st.runs)}" + (f" (+{st.incomplete} failed)" if st.incomplete else "")
+    lines.append(f"| {arm.name} | {n} | {_f(st.mean('final_train_loss'))} | {_f(st.mean())} | {sp} | "
+                 f"{gap(bf16)} | {gap(fp8)} | {_f(s0, '{:.3f}')} | {_f(ms, '{:.2f}')} |")
+  return lines
+
+
+def verdicts(stats: dict[str, ArmStats]) -> list[str]:
+  """The issue's targets, evaluated with the formulas of the module docstring."""
+  out = []
+  g = stats.get
+  nv, bf, f8 = g("nvfp4"), g("bf16"), g("fp8")
+  have = lambda s: s is not None and s.runs  # noqa: E731
+  if have(nv) and have(bf):
+    m, _, _, n = paired_rel_gap(nv, bf)
+    ok = m <= 0.01
+    out.append(f"- **nvfp4 eval-loss gap vs BF16 <= 1 % relative**: {_pct(m)} (mean of {n} paired seed(s)) -> "
+               f"{'MET' if ok else 'NOT MET'}")
+  if have(nv) and have(bf) and have(f8):
+    spread = max(x for x in (nv.spread(), f8.spread(), 0.0) if x is not None)
+    d_nv, d_f8 = nv.mean() - bf.mean(), f8.mean() - bf.mean()
+    ok = d_nv <= d_f8 + spread
+    out.append(f"- **nvfp4 gap <= FP8 gap + seed spread**: nvfp4 {d_nv:+.4f} vs FP8 {d_f8:+.4f} + spread "
+               f"{spread:.4f} (nats, eval loss means) -> {'MET' if ok else 'NOT MET'}")
+  for peer in ("qwix_nvfp4", "jaxnn_nvfp4"):
+    p = g(peer)
+    if have(nv) and have(p):
+      spread = max(x for x in (nv.spread(), p.spread(), 0.0) if x is not None)
+      d = p.mean() - nv.mean()
+      verdict = "MET (nvfp4 better beyond the spread)" if d > spread else (
+          "NOT MET: nvfp4 better but within the spread" if d > 0 else "NOT MET: the peer is better")
+      out.append(f"- **nvfp4 better than {peer}**: eval {p.mean():.4f} - {nv.mean():.4f} = {d:+.4f} vs spread "
+                 f"{spread:.4f} -> {verdict}")
+    elif p is not None and not p.runs:
+      out.append(f"- **nvfp4 better than {peer}**: the peer has no complete run ({p.incomplete} failed)")
+  if have(nv):
+    spread = nv.spread()
+    e0 = nv.evals().get(0)
+    for arm in ARMS:
+      st = g(arm.name)
+      if arm.expect == 0 or st is None or not st.runs or e0 is None or 0 not in st.evals():
+        continue
+      d = st.evals()[0] - e0
+      exp = "worse (+)" if arm.expect > 0 else "better (-)"
+      same = (d > 0) == (arm.expect > 0)
+      beyond = spread is not None and abs(d) > spread
+      word = ("reproduces" if same and beyond else "same direction, within seed spread" if same
+              else "opposite direction" + ("" if beyond else ", within seed spread"))
+      out.append(f"- ablation **{arm.name}** vs nvfp4 (seed 0): {d:+.4f} nats ({_pct(d / e0)}); paper: {exp} -> "
+                 f"{word}" + ("" if spread is not None else " (no seed spread yet)"))
+  return out
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def plots(stats: dict[str, ArmStats], out: Path) -> dict[str, Path]:
+  """compare-tool plots (seed 0): key arms + peers vs BF16, and ablations/switches vs nvfp4."""
+  from maxtext_nvfp4 import compare  # pylint: disable=import-outside-toplevel
+
+  groups = {
+      "key_and_peers": ["bf16", "fp8", "nvfp4", "qwix_nvfp4", "jaxnn_nvfp4"],
+      "ablations": ["nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_1d_weights", "nvfp4_keep_last1",
+                    "nvfp4_mlp_only", "nvfp4_switch_fwd", "nvfp4_switch_all"],
+  }
+  made = {}
+  for name, arms in groups.items():
+    args = [f"{a}={stats[a].runs[0]['metrics_for_compare']}" for a in arms
+            if a in stats and 0 in stats[a].runs]
+    if len(args) < 2:
+      continue
+    d = out / "compare" / name
+    with open(os.devnull, "w", encoding="utf8") as sink:
+      compare.run_compare(args, out=str(d), label=f"accuracy study, seed 0: {name}", stream=sink)
+    if (d / "loss.png").exists():
+      made[name] = d
+  return made
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+BEGIN, END = "<!-- BEGIN GENERATED by run_study.py -->", "<!-- END GENERATED -->"
+
+
+def hardware_line() -> str:
+  try:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo", encoding="utf8")
+                if ln.startswith("model name")), platform.processor())
+  except OSError:
+    cpu = platform.processor()
+  return f"{os.cpu_count()} CPU core(s) ({cpu}), {platform.system()} {platform.release()}, no accelerator"
+
+
+def generated_section(sizing: Sizing, stats: dict[str, ArmStats], command: str, started: str,
+                      plot_rel: dict[str, str]) -> str:
+  import jax  # pylint: disable=import-outside-toplevel
+
+  n_runs = sum(len(s.runs) for s in stats.values())
+  n_bad = sum(s.incomplete for s in stats.values())
+  walls = [r["wall_s"] for s in stats.values() for r in s.runs.values()]
+  lines = [
+      BEGIN, "",
+      f"- Command: `{command}`",
+      f"- Date: {started} (UTC start), report written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}Z",
+      f"- Hardware: {hardware_line()}; JAX {jax.__version__} ({jax.default_backend()}); NVFP4 is the exact"
+      " pure-JAX emulation",
+      f"- Sizing `{sizing.name}`: {sizing.steps} steps x 4 sequences x 256 tokens (per_device_batch_size 4, 1 device),"
+      f" eval after steps 0, {sizing.eval_interval}, ... {sizing.steps - 1} on {sizing.eval_steps} held-out batches;"
+      f" seeds: key arms {sizing.key_seeds}, peers {sizing.peer_seeds}, others 1; {sizing.jobs} run(s) in parallel",
+      f"- Runs: {n_runs} complete, {n_bad} incomplete/failed; wall time per run {min(walls or [0]):.0f}-"
+      f"{max(walls or [0]):.0f} s",
+      "",
+      *table(stats), "",
+      "Definitions: final train loss = mean of the last ceil(steps/10) training losses; eval loss = `eval/avg_loss`"
+      " after the last step; relative gap = (eval_arm - eval_base) / eval_base per seed, averaged over the seeds"
+      " both arms ran ([min, max] over seeds when >= 2); seed spread = max - min of the arm's eval losses over"
+      " seeds (std after the slash); step-0 loss = the loss of the first batch at the shared initial weights (it"
+      " differs from BF16 only through the arm's forward quantization: a check that the path is active).", "",
+      "### Targets (evaluated mechanically)", "",
+      *verdicts(stats), "",
+  ]
+  if plot_rel:
+    lines += ["### Plots (compare tool, seed 0)", ""]
+    for name, rel in plot_rel.items():
+      lines.append(f"![{name}]({rel})")
+      lines.append("")
+  lines.append(END)
+  return "\n".join(lines)
+
+
+def write_results(path: Path, section: str, header: str) -> None:
+  """Replace the generated section of ``path`` (text outside the markers is kept), or create it."""
+  if path.exists():
+    text = path.read_text(encoding="utf8")
+    if BEGIN in text and END in text:
+      pre, rest = text.split(BEGIN, 1)
+      post = rest.split(END, 1)[1]
+      path.write_text(pre + section + post, encoding="utf8")
+      return
+  path.write_text(header + "\n\n" + section + "\n", encoding="utf8")
+
+
+def report(sizing: Sizing, runs: Sequence[RunSpec], out: Path, *, command: str, started: str,
+           publish_dir: Path | None) -> Path:
+  stats = collect(out, runs)
+  made = plots(stats, out)
+  header = "# Accuracy study: emulated NVFP4 vs FP8/BF16 and vs other FP4 paths"
+  dest = publish_dir or out
+  plot_rel = {}
+  for name, d in made.items():
+    png = dest / "plots" / f"{name}_loss.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(d / "loss.png", png)
+    plot_rel[name] = f"plots/{name}_loss.png"
+  results = dest / "RESULTS.md"
+  write_results(results, generated_section(sizing, stats, command, started, plot_rel), header)
+  (dest / "study_summary.json").write_text(json.dumps(
+      {a: {str(s): {k: r[k] for k in ("final_train_loss", "final_eval_loss", "step0_loss", "wall_s",
+                                      "median_step_s", "eval_loss")}
+           for s, r in st.runs.items()} for a, st in stats.items()}, indent=1) + "\n")
+  return results
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="run_study.py", description=__doc__.split("\n\n")[0])
+  mode = p.add_mutually_exclusive_group()
+  mode.add_argument("--quick", action="store_const", dest="mode", const="quick", help="smoke test (OUT only)")
+  mode.add_argument("--cpu", action="store_const", dest="mode", const="cpu", help="the CPU study (default)")
+  mode.add_argument("--full", action="store_const", dest="mode", const="full", help="the issue's full sizing")
+  p.set_defaults(mode="cpu")
+  p.add_argument("--out", help="run directory (default out/accuracy_<mode>)")
+  p.add_argument("--arms", help="comma-separated subset of: " + ",".join(ARM_BY_NAME))
+  p.add_argument("--jobs", type=int, help="runs in parallel (default: the sizing's)")
+  p.add_argument("--steps", type=int, help="override the sizing's steps (use k * eval_interval + 1)")
+  p.add_argument("--key-seeds", type=int, help="override the number of seeds of bf16/fp8/nvfp4")
+  p.add_argument("--peer-seeds", type=int, help="override the number of seeds of the peers")
+  p.add_argument("--publish-dir", help="where RESULTS.md + plots go (default: benchmarks/accuracy for --cpu/--full,"
+                 " OUT for --quick)")
+  p.add_argument("--dry-run", action="store_true", help="print the commands only")
+  p.add_argument("--report-only", action="store_true", help="no training: rebuild the report from OUT")
+  p.add_argument("--python", default=sys.executable, help="interpreter of the training runs")
+  p.add_argument("extra", nargs="*", metavar="KEY=VALUE", help="extra MaxText overrides for every run")
+  return p
+
+
+def resolve(a: argparse.Namespace) -> tuple[Sizing, Path, list[RunSpec], Path | None]:
+  sizing = SIZINGS[a.mode]
+  repl = {k: v for k, v in (("jobs", a.jobs), ("steps", a.steps), ("key_seeds", a.key_seeds),
+                            ("peer_seeds", a.peer_seeds)) if v is not None}
+  if repl:
+    sizing = dataclasses.replace(sizing, **repl)
+  if sizing.steps < 2 or sizing.jobs < 1 or sizing.key_seeds < 1 or sizing.peer_seeds < 1:
+    raise ValueError("--steps must be >= 2; --jobs, --key-seeds, --peer-seeds >= 1")
+  if (sizing.steps - 1) % sizing.eval_interval:
+    raise ValueError(f"--steps {sizing.steps}: use k * {sizing.eval_interval} + 1 so the last eval sees the final"
+                     " weights")
+  arms = [x for x in (a.arms or "").split(",") if x]
+  unknown = [x for x in arms if x not in ARM_BY_NAME]
+  if unknown:
+    raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARM_BY_NAME)}")
+  bad = [x for x in a.extra if "=" not in x or x.startswith("=")]
+  if bad:
+    raise ValueError(f"overrides must be KEY=VALUE: {' '.join(bad)}")
+  out = Path(a.out or REPO / "out" / f"accuracy_{sizing.name}").absolute()
+  runs = build_runs(sizing, out, arms=arms or None, python=a.python, extra=a.extra)
+  publish = Path(a.publish_dir).absolute() if a.publish_dir else (HERE if sizing.publish else None)
+  return sizing, out, runs, publish
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  a = build_parser().parse_args(argv)
+  try:
+    sizing, out, runs, publish = resolve(a)
+  except ValueError as e:
+    print(f"run_study.py: error: {e}", file=sys.stderr)
+    return 2
+  command = "python benchmarks/accuracy/run_study.py " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
+  if a.dry_run:
+    for r in runs:
+      print(f"# {r.key}\n{shlex.join(r.argv)}")
+    return 0
+  started = f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}Z"
+  out.mkdir(parents=True, exist_ok=True)
+  if not a.report_only:
+    ensure_data(a.python)
+    print(f"accuracy study ({sizing.name}): {len(runs)} runs, {sizing.jobs} at a time, into {out}", flush=True)
+    lock = threading.Lock()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=sizing.jobs) as pool:
+      futs = [pool.submit(run_one, r, steps=sizing.steps, lock=lock) for r in runs]
+      for f in futs:
+        f.result()
+  path = report(sizing, runs, out, command=command, started=started, publish_dir=publish)
+  print(f"wrote {path}")
+  print(path.read_text(encoding="utf8").split(BEGIN, 1)[1].split(END, 1)[0])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
