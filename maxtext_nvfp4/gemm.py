@@ -37,11 +37,16 @@ and ``fold_in(key, 2)`` for the wgrad copy (TE reuses one Philox seed for both c
 different thread/offset mappings, so its two copies also get different bits). SR matches TE in
 distribution only.
 
-Residuals: only x and W in their input dtype (what a bf16 GEMM saves); the backward re-quantizes W
-(RNE is deterministic, so dgrad sees bit-identical 16x16 blocks).
+Quantization count and residuals (TE-like): W is quantized once in the forward; with 2D tiles the same
+NVFP4 tensor serves fprop and dgrad. When every branch's dgrad is NVFP4 (same block layout), the
+residual is that 4-bit W (data + e4m3 scales + amax) instead of W; when every branch's wgrad is NVFP4
+(same RHT), it is the 4-bit xᵀ (tokens-blocked, RHT) quantized in the forward instead of x. Otherwise x
+and/or W are saved in their input dtype. Never both: at most what a bf16 GEMM saves. RNE is
+deterministic, so saving and re-quantizing give the same bits.
 
 Late switch: with ``switched`` and a traced boolean ``use_switched``, each pass whose settings differ
-between the two recipes is a ``lax.cond`` between both, so flipping the flag never recompiles.
+between the two recipes is a ``lax.cond`` between both, so flipping the flag never recompiles
+(``use_switched`` may be a Python bool too; it is converted to an array, so it never specializes).
 
 Non-finite operands: a NaN/Inf in x, W or dy poisons that operand's amax (numerics/fp8), so the
 affected GEMM output is NaN/Inf everywhere instead of finite garbage.
