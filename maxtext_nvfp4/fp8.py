@@ -14,8 +14,9 @@ Per tensor ``x`` (all arithmetic IEEE fp32, RNE):
     q         = fp8_rne_satfinite(fl(x * scale))             (RNE with saturation to ±fp8_max)
     x_hat     = q * scale_inv
 
-This is TE's ``compute_scale_from_amax`` with ``amax_epsilon = 0`` and no power-of-two rounding, and
-the saturating ``__nv_fp8_*`` conversion. A GEMM of two such tensors is
+This is TE's ``compute_scale_from_amax`` with ``amax_epsilon = 0``, margin 0 and no power-of-two
+rounding (the CUDA kernel's ``value_for_inf = FLT_MAX``; TE JAX's jnp fallback would leave an Inf
+scale there), and the saturating conversion (TE JAX clips to ±fp8_max, then casts with RNE). A GEMM of two such tensors is
 ``(q_a @ q_b accumulated in fp32) * fl(scale_inv_a * scale_inv_b)``; the products of two FP8 values
 have at most 8 significant bits, so ``q`` fed as bf16 into an ordinary GEMM with fp32 accumulation is
 the FP8 Tensor-Core GEMM up to accumulation order.
