@@ -15,7 +15,16 @@ imported, or immediately if it already is, so ``import maxtext_nvfp4`` stays che
   ``quantization=nvfp4`` and delegates every other value to MaxText unchanged.
 * ``maxtext.trainers.pre_train.train.train_step`` / ``eval_step``: wrapped to publish the traced training
   step (``state.optimizer.step``, the step being computed) in a context variable read at trace time by
-  the NVFP4 dot_general (stochastic-rounding key and late precision switch).
+  the NVFP4 dot_general (stochastic-rounding key and late precision switch); ``train_step`` also marks
+  the trace as a training step (the only place diagnostics are taken).
+* ``maxtext.common.metric_logger.MetricLogger`` (class methods, in place):
+  - ``write_metrics``: for ``train`` records, merges the ``nvfp4/*`` diagnostics reported for that step
+    (``nvfp4_diagnostics``, see :mod:`maxtext_nvfp4.diagnostics` and docs/diagnostics.md) into
+    ``metrics["scalar"]`` before MaxText logs/writes them (metrics file, TensorBoard, GCS, wandb);
+  - ``write_metrics_locally``: MaxText truncates ``metrics_file`` at every record with step 0, including
+    eval records (the first running-eval snapshot, the eval after train step 0), deleting the training
+    records written so far. Only the training record of step 0 (it has ``learning/loss``) truncates
+    now; other step-0 records are appended.
 
 Per-GEMM identity. MaxText builds each decoder layer's DenseGenerals in order (layers_0..N-1 when
 ``scan_layers=false``; Attention query, key, value, out, then MLP wi_0, wi_1, wo) and calls
@@ -55,6 +64,7 @@ _TYPES = "maxtext.configs.types"
 _PYCONFIG = "maxtext.configs.pyconfig"
 _QUANTIZATIONS = "maxtext.layers.quantizations"
 _TRAIN = "maxtext.trainers.pre_train.train"
+_METRIC_LOGGER = "maxtext.common.metric_logger"
 
 # ---------------------------------------------------------------------------------------------------
 # Step context
@@ -64,6 +74,8 @@ _TRAIN = "maxtext.trainers.pre_train.train"
 _log_lock = threading.Lock()
 # The training step being traced (a traced int scalar inside train_step/eval_step), else None.
 _STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("maxtext_nvfp4_step", default=None)
+# True while a (wrapped) train_step is traced: NVFP4 diagnostics are taken there only (not in eval_step).
+_TRAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("maxtext_nvfp4_training", default=False)
 
 
 def current_step() -> Any:
@@ -71,13 +83,23 @@ def current_step() -> Any:
   return _STEP.get()
 
 
+def in_train_step() -> bool:
+  """Whether the code being traced is inside a wrapped ``train_step`` (see :func:`step_context`)."""
+  return _TRAINING.get()
+
+
 @contextlib.contextmanager
-def step_context(step):
-  """Publish ``step`` (int or traced int scalar) to the NVFP4 dot_generals traced inside the block."""
+def step_context(step, training: bool = False):
+  """Publish ``step`` (int or traced int scalar) to the NVFP4 dot_generals traced inside the block.
+
+  ``training``: the block is a training step (diagnostics, when enabled, are taken only there).
+  """
   token = _STEP.set(step)
+  token_t = _TRAINING.set(bool(training))
   try:
     yield
   finally:
+    _TRAINING.reset(token_t)
     _STEP.reset(token)
 
 
@@ -96,7 +118,7 @@ def _state_step(state) -> Any:
   return None
 
 
-def _with_step(fn):
+def _with_step(fn, training: bool = False):
   """Wrap a MaxText ``train_step``/``eval_step`` so the step of its ``state`` argument is published."""
   if getattr(fn, "_maxtext_nvfp4_wrapped", None) is not None:
     return fn
@@ -108,7 +130,7 @@ def _with_step(fn):
       state = sig.bind_partial(*args, **kwargs).arguments.get("state")
     except TypeError:
       state = None
-    with step_context(None if state is None else _state_step(state)):
+    with step_context(None if state is None else _state_step(state), training=training):
       return fn(*args, **kwargs)
 
   wrapped._maxtext_nvfp4_wrapped = fn  # pylint: disable=protected-access
@@ -358,6 +380,10 @@ def _linen_module_class():
     role: str = ""
     # nvfp4_seed
     seed: int = 0
+    # diagnostics aggregation group (diagnostics.group_name), or None: no diagnostics (the normal path)
+    diag_group: str | None = None
+    # nvfp4_diagnostics_interval: statistics on steps with step % diag_interval == 0
+    diag_interval: int = 1
 
     @nn.compact
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
@@ -374,11 +400,19 @@ def _linen_module_class():
         _note_traced(self.layer, self.role, self.recipe, self.switched)
       # else: outside MaxText's train/eval step (DenseGeneral's dummy call at model build, plain model
       # applies): step 0. Not warned about: every model build makes such a call.
+      training = step is not None and in_train_step()
       step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
       use_switched = None if self.switched is None else step >= self.switch_step
-      return gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
-                              use_switched=use_switched, key=sr_key(self.seed, step, self.layer, self.role),
-                              preferred_element_type=preferred_element_type)
+      key = sr_key(self.seed, step, self.layer, self.role)
+      out = gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
+                             use_switched=use_switched, key=key, preferred_element_type=preferred_element_type)
+      if self.diag_group is None or not training:
+        return out  # trace-time decision: without diagnostics the traced GEMM is exactly the one above
+      from maxtext_nvfp4 import diagnostics  # pylint: disable=import-outside-toplevel
+
+      return diagnostics.instrument(lhs, rhs, dimension_numbers, out, step=step, interval=self.diag_interval,
+                                    group=self.diag_group, two_d_weights=self.recipe.two_d_weights,
+                                    stochastic=self.recipe.stochastic_rounding, key=key)
 
   return Nvfp4DotGeneral
 
@@ -414,6 +448,8 @@ def _quantization_class():
     counts: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     # (layer, role) of every dot_general_cls call, in order (to check the ordering assumption)
     assigned: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+    # nvfp4_diagnostics_interval when nvfp4_diagnostics is on, else 0 (no diagnostics code traced)
+    diagnostics_interval: int = 0
 
     def locate(self, mesh_axes) -> tuple[int | None, str]:
       """(layer, role) of the next projection built with ``mesh_axes`` (advances the counter)."""
@@ -427,9 +463,25 @@ def _quantization_class():
       recipe, switched = plan_lib.gemm_recipes(self.settings, layer=layer, role=role, num_layers=self.num_layers)
       if _plain_bf16(recipe) and _plain_bf16(switched):
         recipe = switched = None
+      group = self.diagnostics_group(layer, role, recipe)
+      extra = {} if group is None else {"diag_group": group, "diag_interval": int(self.diagnostics_interval)}
       return functools.partial(_linen_module_class(), recipe=recipe, switched=switched,
                                switch_step=self.switch_step if switched is not None else None,
-                               layer=layer, role=role, seed=int(self.settings.seed))
+                               layer=layer, role=role, seed=int(self.settings.seed), **extra)
+
+    def diagnostics_group(self, layer: int | None, role: str, recipe) -> str | None:
+      """Aggregation group of a GEMM with diagnostics on and an NVFP4 pass before the switch, else None.
+
+      First/last: the first/last layer that runs NVFP4 (``keep_first_layers``,
+      ``num_layers - 1 - keep_last_layers``).
+      """
+      if not self.diagnostics_interval or recipe is None or "nvfp4" not in _passes(recipe):
+        return None
+      from maxtext_nvfp4 import diagnostics  # pylint: disable=import-outside-toplevel
+
+      first = int(self.settings.keep_first_layers)
+      last = self.num_layers - 1 - int(self.settings.keep_last_layers)
+      return diagnostics.group_name(plan_lib.role_group(role), layer, first=first, last=last)
 
     def einsum(self, dtype=None):
       raise NotImplementedError("quantization=nvfp4 quantizes DenseGeneral projections only (no einsum path)")
@@ -490,15 +542,25 @@ def make_quantization(config, quant_mode_str: str = "train"):
     capability.announce(choice, log=_log_once)
   _log_once(precision_table_text(config))
   if choice is not None and choice.name == "te":
+    if s.diagnostics:
+      _log_once("maxtext-nvfp4: nvfp4_diagnostics is available with the emulation backend only; no nvfp4/*"
+                " metrics on the TE backend", warn=True)
     from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
     from maxtext_nvfp4 import te_backend  # pylint: disable=import-outside-toplevel
 
     plan = TePlan(settings=s, num_layers=int(config.num_decoder_layers),
                   num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers))
     return te_backend.make_te_quantization(quantizations.TransformerEngineQuantization, config, s, plan)
+  diag_interval = 0
+  if s.diagnostics:
+    from maxtext_nvfp4 import diagnostics  # pylint: disable=import-outside-toplevel
+
+    diag_interval = int(s.diagnostics_interval)
+    diagnostics.AGGREGATOR.armed = True  # the metrics writer now waits for and merges nvfp4/* reports
+    _log_once(f"maxtext-nvfp4: diagnostics on: nvfp4/* metrics every {diag_interval} steps")
   return _quantization_class()(settings=s, num_layers=int(config.num_decoder_layers),
                                num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers),
-                               switch_step=s.switch_step(config.steps))
+                               switch_step=s.switch_step(config.steps), diagnostics_interval=diag_interval)
 
 
 def _patch_quantizations(quantizations) -> None:
@@ -517,8 +579,55 @@ def _patch_quantizations(quantizations) -> None:
 
 
 def _patch_train(train) -> None:
-  train.train_step = _with_step(train.train_step)
+  train.train_step = _with_step(train.train_step, training=True)
   train.eval_step = _with_step(train.eval_step)
+
+
+def _merge_diagnostics(metrics, step) -> None:
+  """Add the ``nvfp4/*`` statistics reported for training ``step`` to ``metrics["scalar"]`` (host side).
+
+  MaxText writes step ``s`` after dispatching step ``s + 1``; waiting for step ``s``'s own outputs (already
+  due: the writer converts them to floats next) guarantees its callbacks have run.
+  """
+  from maxtext_nvfp4 import diagnostics  # pylint: disable=import-outside-toplevel
+
+  if not diagnostics.AGGREGATOR.armed or "scalar" not in metrics:
+    return
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.block_until_ready([v for v in metrics["scalar"].values() if isinstance(v, jax.Array)])
+  metrics["scalar"].update(diagnostics.AGGREGATOR.pop(int(step)))
+
+
+def _patch_metric_logger(metric_logger) -> None:
+  cls = metric_logger.MetricLogger
+  orig_write = cls.write_metrics
+  if getattr(orig_write, "_maxtext_nvfp4_wrapped", None) is not None:
+    return
+  orig_local = cls.write_metrics_locally
+
+  @functools.wraps(orig_write)
+  def write_metrics(self, metrics, step, metric_type="train"):
+    if metrics and metric_type == "train":
+      _merge_diagnostics(metrics, step)
+    return orig_write(self, metrics, step, metric_type)
+
+  @functools.wraps(orig_local)
+  def write_metrics_locally(self, metrics, step):
+    if step == 0 and "learning/loss" not in metrics.get("scalar", {}):
+      # An eval record with step 0: append (MaxText would truncate the file, losing the training records).
+      import json  # pylint: disable=import-outside-toplevel
+
+      record = metric_logger._prepare_metrics_for_json(metrics, step, self.config.run_name)  # pylint: disable=protected-access
+      with open(self.config.metrics_file, "a", encoding="utf8") as f:
+        f.write(json.dumps(record) + "\n")
+      return None
+    return orig_local(self, metrics, step)
+
+  write_metrics._maxtext_nvfp4_wrapped = orig_write  # pylint: disable=protected-access
+  write_metrics_locally._maxtext_nvfp4_wrapped = orig_local  # pylint: disable=protected-access
+  cls.write_metrics = write_metrics
+  cls.write_metrics_locally = write_metrics_locally
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -530,6 +639,7 @@ _PATCHERS = {
     _PYCONFIG: _patch_pyconfig,
     _QUANTIZATIONS: _patch_quantizations,
     _TRAIN: _patch_train,
+    _METRIC_LOGGER: _patch_metric_logger,
 }
 _lock = threading.RLock()
 _finder: Any = None
