@@ -19,8 +19,9 @@ a fixed random cotangent g: one full training-step worth of GEMMs).
 
 Order of work: (1) correctness -- every variant's y and gradients are finite and within a relative
 Frobenius error of bf16's (NVFP4 tolerance), before anything is timed; (2) timing -- ``jax.jit``,
-``--warmup`` untimed calls, then ``--iters`` calls each ended by ``block_until_ready``; the median
-(and min / p90) is reported. Inputs are random normal (never zeros: low-entropy data runs faster on
+``--warmup`` untimed calls, then ``--iters`` rounds in which every (variant, mode) is called once in
+turn, each call ended by ``block_until_ready`` (round robin: load changes on a shared machine hit all
+variants alike); the median (and min / p90) is reported. Inputs are random normal (never zeros: low-entropy data runs faster on
 GPUs). Memory: XLA's compiled ``memory_analysis()`` (arguments + outputs + temporaries, any backend),
 the bytes saved for the backward (``jax.vjp`` residual leaves, via ``eval_shape``), and on GPU the
 device's ``peak_bytes_in_use`` (process-wide peak: use ``--isolate`` to run each variant in its own
@@ -232,21 +233,9 @@ def check(variant: str, inp: Inputs, ref) -> dict:
   return dict(finite=finite, rel_err_y=err_y, rel_err_grad_max=err_g, tol_y=tol_y, tol_grad=tol_g, ok=ok)
 
 
-def _time(fn, args, warmup: int, iters: int) -> dict:
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  ts = []
-  for _ in range(iters):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    ts.append(time.perf_counter() - t0)
-  ts.sort()
-  return dict(median_ms=1e3 * statistics.median(ts), min_ms=1e3 * ts[0], p90_ms=1e3 * ts[int(0.9 * (len(ts) - 1))], iters=iters)
-
-
 def _compiled_memory(fn, args) -> int | None:
   try:
-    m = fn.lower(*args).compile().memory_analysis()
+    m = fn.lower(*args).compile().memory_analysis()  # the same executable jit dispatches to
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes)
   except Exception:  # pylint: disable=broad-except
     return None  # not every backend/runtime reports it
@@ -257,23 +246,46 @@ def _device_peak() -> int | None:
   return stats.get("peak_bytes_in_use")
 
 
-def run_variant(variant: str, inp: Inputs, ref, modes, warmup: int, iters: int) -> dict:
+def prepare_variant(variant: str, inp: Inputs, ref, modes) -> tuple[dict, dict]:
+  """Correctness check, residual bytes and the compiled functions of one variant: (result, {mode: (fn, args)})."""
   out = dict(variant=variant)
   try:
     out["check"] = check(variant, inp, ref)
   except Exception as e:  # pylint: disable=broad-except
     # e.g. scaled_dot_general not lowering on this backend: recorded, not fatal.
     out["na"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-    return out
+    return out, {}
   if not out["check"]["ok"]:
-    return out
+    return out, {}
   out["residual_bytes"] = residual_bytes(variant, inp)
+  fns = {}
   for mode in modes:
     fn, args = build(variant, mode, inp)
-    out[mode] = _time(fn, args, warmup, iters)
-    out[mode]["compiled_bytes"] = _compiled_memory(fn, args)
-  out["device_peak_bytes"] = _device_peak()
-  return out
+    out[mode] = dict(compiled_bytes=_compiled_memory(fn, args))
+    fns[mode] = (fn, args)
+  return out, fns
+
+
+def time_round_robin(prepared: list[tuple[dict, dict]], warmup: int, iters: int) -> None:
+  """Time every (variant, mode) in turn, one call each per round, so that load changes on a shared
+  machine hit all variants alike (ratios stay meaningful); fills ``result[mode]`` in place."""
+  jobs = [(r, m, fn, args) for r, fns in prepared for m, (fn, args) in fns.items()]
+  for _, _, fn, args in jobs:
+    for _ in range(warmup):
+      jax.block_until_ready(fn(*args))
+  times = {id(fn): [] for _, _, fn, _ in jobs}
+  for _ in range(iters):
+    for _, _, fn, args in jobs:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[id(fn)].append(time.perf_counter() - t0)
+  for r, m, fn, _ in jobs:
+    ts = sorted(times[id(fn)])
+    r[m].update(median_ms=1e3 * statistics.median(ts), min_ms=1e3 * ts[0], p90_ms=1e3 * ts[int(0.9 * (len(ts) - 1))],
+                iters=iters)
+  for r, fns in prepared:
+    if fns:
+      r["device_peak_bytes"] = _device_peak()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,8 +410,9 @@ def main(argv=None) -> int:
     # The bf16 reference for the correctness checks (y and grads of sum(y * g)).
     ref_fn, ref_args = build("bf16", "fwdbwd", inp)
     ref = jax.block_until_ready(ref_fn(*ref_args))
-    for v in variants:
-      r = run_variant(v, inp, ref, modes, a.warmup, a.iters)
+    prepared = [prepare_variant(v, inp, ref, modes) for v in variants]
+    time_round_robin(prepared, a.warmup, a.iters)
+    for r, _ in prepared:
       print(json.dumps(r), flush=True)
       results.append(r)
 
