@@ -36,13 +36,15 @@ def test_cpu_study_runs_and_seeds(tmp_path):
   for arm in ("bf16", "fp8", "nvfp4"):
     assert {f"{arm}_s{s}" for s in range(3)} <= set(keys)
   assert {f"{a.name}_s0" for a in study.ARMS} <= set(keys)
-  # all seed-0 runs come before any other seed (partial studies stay comparable)
-  first_other = min(i for i, r in enumerate(runs) if r.seed > 0)
-  assert all(r.seed == 0 for r in runs[:first_other]) and all(r.seed > 0 for r in runs[first_other:])
+  # order: key arms + peers at seed 0, key arms' extra seeds, then ablations/switches (partial studies stay useful)
+  groups = [(r.arm.group, r.seed > 0) for r in runs]
+  assert groups.index(("key", True)) > max(i for i, g in enumerate(groups) if g[0] in ("key", "peer") and not g[1])
+  assert groups.index(("key", True)) < min(i for i, g in enumerate(groups) if g[0] in ("ablation", "switch"))
   for r in runs:
     seed = str(r.seed)
     # same init, data order and SR seed for a given seed, whatever the arm
-    assert _opt(r.argv, "init_weights_seed") == _opt(r.argv, "data_shuffle_seed") == _opt(r.argv, "nvfp4_seed") == seed
+    assert _opt(r.argv, "init_weights_seed") == _opt(r.argv, "data_shuffle_seed") == seed
+    assert _opt(r.argv, "nvfp4_seed") == "0"  # fixed: keeps the traced step (and its compile cache entry) shared
     assert int(_opt(r.argv, "steps")) == sizing.steps
     assert _opt(r.argv, "metrics_file").startswith(str(tmp_path / r.key))
   assert (sizing.steps - 1) % sizing.eval_interval == 0  # the last eval sees the final weights
@@ -64,7 +66,7 @@ def test_arm_commands():
       assert a.recipe == "demo_nvfp4.yml" and a.expect in (-1, 1) and a.overrides
 
 
-@pytest.mark.parametrize("argv,msg", [(["--steps", "100"], "k * 60 + 1"), (["--arms", "bf16,nope"], "unknown arm"),
+@pytest.mark.parametrize("argv,msg", [(["--steps", "100"], "k * 50 + 1"), (["--arms", "bf16,nope"], "unknown arm"),
                                       (["--quick", "foo"], "KEY=VALUE")])
 def test_bad_input(argv, msg, capsys):
   assert study.main(argv + ["--dry-run"]) == 2
