@@ -125,6 +125,11 @@ def test_peer_qwix_rule():
   assert rule.op_names == ("dot_general",)
 
 
+def test_peer_qwix_fwd_rule_has_no_backward():
+  (rule,) = peer.qwix_rules(backward=False)
+  assert rule.act_qtype == "nvfp4" and rule.bwd_qtype is None and not rule.additional_qt_config
+
+
 def test_peer_usage_error(capsys):
   assert peer.main(["nope"]) == 2 and "usage" in capsys.readouterr().err
 

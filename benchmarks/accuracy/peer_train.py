@@ -13,6 +13,7 @@ recipe files, tokenizer default and step logs are identical to our arms) after m
   bwd ``dlhs_tile_size = drhs_tile_size = 16``, which qwix only takes through ``additional_qt_config``).
   Each tile's scale is ``e4m3(absmax(tile) / 6)`` with **no FP32 per-tensor scale**, so tiles whose
   absmax is below ~6 * 2^-10 flush to zero; no RHT, no 2D weight blocks, no stochastic rounding.
+  ``qwix_fwd`` is the same forward with BF16 gradients (a diagnostic: isolates the gradient underflow).
   Needs ``quantization=fp4 use_qwix_quantization=true`` (any qwix-routed value keeps the config valid;
   the provider ignores it). The LM head (``decoder/logits_dense``) stays BF16 as in our recipe.
 * ``jaxnn``: ``jax.nn.scaled_dot_general`` with ``jax.nn.get_scaled_dot_general_config("nvfp4",
@@ -38,32 +39,34 @@ import dataclasses
 import functools
 import sys
 
-PEERS = ("qwix", "jaxnn")
+PEERS = ("qwix", "qwix_fwd", "jaxnn")
 
 
-def qwix_rules():
-  """The qwix rules of the ``qwix`` peer (a list with one ``QtRule``)."""
+def qwix_rules(backward: bool = True):
+  """The qwix rules of the ``qwix`` peer (a list with one ``QtRule``). ``backward=False`` (the ``qwix_fwd``
+  diagnostic arm): the same forward, gradients left in BF16."""
   import qwix  # pylint: disable=import-outside-toplevel
 
+  bwd = dict(bwd_qtype="nvfp4",
+             # qwix derives the bwd tile sizes from bwd_weight_grad_tile_size only; nvfp4 demands exactly 16.
+             additional_qt_config={"dlhs_tile_size": 16, "drhs_tile_size": 16}) if backward else {}
   return [qwix.QtRule(
       module_path=r"decoder/.*layers.*",
       weight_qtype="nvfp4",
       act_qtype="nvfp4",
-      bwd_qtype="nvfp4",
       tile_size=16,
-      # qwix derives the bwd tile sizes from bwd_weight_grad_tile_size only; nvfp4 demands exactly 16.
-      additional_qt_config={"dlhs_tile_size": 16, "drhs_tile_size": 16},
       op_names=("dot_general",),
+      **bwd,
   )]
 
 
-def install_qwix() -> None:
+def install_qwix(backward: bool = True) -> None:
   import qwix  # pylint: disable=import-outside-toplevel
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
 
   def get_qt_provider(config):
     del config  # the peer is the same whatever qwix-routed `quantization` value selected the qwix path
-    return qwix.QtProvider(qwix_rules())
+    return qwix.QtProvider(qwix_rules(backward))
 
   quantizations.get_qt_provider = get_qt_provider
 
@@ -147,10 +150,10 @@ def main(argv: list[str]) -> int:
   maxtext_nvfp4.register()
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel,unused-import
 
-  if peer == "qwix":
-    install_qwix()
-    print("peer_train: qwix nvfp4 (tile 16 fwd+bwd, no tensor scale) on decoder/.*layers.* dot_generals",
-          flush=True)
+  if peer in ("qwix", "qwix_fwd"):
+    install_qwix(backward=peer == "qwix")
+    print(f"peer_train: qwix nvfp4 (tile 16, no tensor scale, {'fwd+bwd' if peer == 'qwix' else 'fwd only'}) on"
+          " decoder/.*layers.* dot_generals", flush=True)
   else:
     install_jaxnn(global_scale)
     print(f"peer_train: jax.nn.scaled_dot_general nvfp4 (static global scale {global_scale:g}) on every"

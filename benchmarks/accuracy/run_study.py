@@ -70,7 +70,7 @@ class Arm:
 
   # Label in tables and run directories.
   name: str
-  # key (>= 3 seeds), ablation, switch, peer.
+  # key (>= 3 seeds), ablation, switch, peer, diagnostic.
   group: str
   # Recipe file in recipes/.
   recipe: str
@@ -113,6 +113,9 @@ ARMS: tuple[Arm, ...] = (
     Arm(name="qwix_nvfp4", group="peer", recipe="demo_bf16.yml",
         overrides=("quantization=fp4", "use_qwix_quantization=true"), peer="qwix",
         description="peer: qwix nvfp4 qtype via MaxText's qwix path, 16-element tiles fwd+bwd, no tensor scale"),
+    Arm(name="qwix_nvfp4_fwd", group="diagnostic", recipe="demo_bf16.yml",
+        overrides=("quantization=fp4", "use_qwix_quantization=true"), peer="qwix_fwd",
+        description="diagnostic: the qwix peer's forward with BF16 gradients (isolates gradient underflow)"),
     Arm(name="jaxnn_nvfp4", group="peer", recipe="demo_bf16.yml", peer="jaxnn",
         description="peer: jax.nn.scaled_dot_general nvfp4 (1x16 E4M3 scales, static global scale 1, bwd unquantized)"),
 )
@@ -209,7 +212,7 @@ def build_runs(sizing: Sizing, out: Path, *, arms: Sequence[str] | None = None, 
       runs.append(RunSpec(arm=arm, seed=seed, out=d, argv=argv))
   def prio(r: RunSpec) -> int:
     if r.seed == 0:
-      return {"key": 0, "peer": 1, "ablation": 3, "switch": 4}[r.arm.group]
+      return {"key": 0, "peer": 1, "ablation": 3, "switch": 4, "diagnostic": 5}[r.arm.group]
     return 2 if r.arm.group == "key" else 5
 
   return sorted(runs, key=prio)
@@ -464,7 +467,7 @@ def plots(stats: dict[str, ArmStats], out: Path) -> dict[str, Path]:
   from maxtext_nvfp4 import compare  # pylint: disable=import-outside-toplevel
 
   groups = {
-      "key_and_peers": ["bf16", "fp8", "nvfp4", "qwix_nvfp4", "jaxnn_nvfp4"],
+      "key_and_peers": ["bf16", "fp8", "nvfp4", "qwix_nvfp4", "qwix_nvfp4_fwd", "jaxnn_nvfp4"],
       "ablations": ["nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_1d_weights", "nvfp4_keep_last1",
                     "nvfp4_mlp_only", "nvfp4_switch_fwd", "nvfp4_switch_all"],
   }
