@@ -22,9 +22,9 @@ imported, or immediately if it already is, so ``import maxtext_nvfp4`` stays che
     (``nvfp4_diagnostics``, see :mod:`maxtext_nvfp4.diagnostics` and docs/diagnostics.md) into
     ``metrics["scalar"]`` before MaxText logs/writes them (metrics file, TensorBoard, GCS, wandb);
   - ``write_metrics_locally``: MaxText truncates ``metrics_file`` at every record with step 0, including
-    eval records (the first running-eval snapshot, the eval after train step 0), deleting the training
-    records written so far. Only the training record of step 0 (it has ``learning/loss``) truncates
-    now; other step-0 records are appended.
+    eval records (every eval's first running-eval snapshot, the eval after train step 0), deleting the
+    training records written so far. Now a logger truncates once, at its first record if that has step
+    0 and the run starts at step 0 (a fresh run); every other record is appended.
 
 Per-GEMM identity. MaxText builds each decoder layer's DenseGenerals in order (layers_0..N-1 when
 ``scan_layers=false``; Attention query, key, value, out, then MLP wi_0, wi_1, wo) and calls
@@ -614,15 +614,17 @@ def _patch_metric_logger(metric_logger) -> None:
 
   @functools.wraps(orig_local)
   def write_metrics_locally(self, metrics, step):
-    if step == 0 and "learning/loss" not in metrics.get("scalar", {}):
-      # An eval record with step 0: append (MaxText would truncate the file, losing the training records).
-      import json  # pylint: disable=import-outside-toplevel
+    # MaxText truncates at every step-0 record; eval records have step 0 too (the running-eval snapshots
+    # count eval batches; the eval after train step 0), so it deleted the training records. Truncate once
+    # per logger instead: at its first record, when that is step 0 of a run that starts at step 0 (a
+    # fresh run; the first eval's snapshots may come before train step 0's record). Append otherwise.
+    import json  # pylint: disable=import-outside-toplevel
 
-      record = metric_logger._prepare_metrics_for_json(metrics, step, self.config.run_name)  # pylint: disable=protected-access
-      with open(self.config.metrics_file, "a", encoding="utf8") as f:
-        f.write(json.dumps(record) + "\n")
-      return None
-    return orig_local(self, metrics, step)
+    fresh = not getattr(self, "_maxtext_nvfp4_wrote", False) and step == 0 and getattr(self, "start_step", 0) == 0
+    self._maxtext_nvfp4_wrote = True  # pylint: disable=protected-access
+    record = metric_logger._prepare_metrics_for_json(metrics, step, self.config.run_name)  # pylint: disable=protected-access
+    with open(self.config.metrics_file, "w" if fresh else "a", encoding="utf8") as f:
+      f.write(json.dumps(record) + "\n")
 
   write_metrics._maxtext_nvfp4_wrapped = orig_write  # pylint: disable=protected-access
   write_metrics_locally._maxtext_nvfp4_wrapped = orig_local  # pylint: disable=protected-access
