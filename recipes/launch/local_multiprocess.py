@@ -60,6 +60,17 @@ def child_env(base: dict[str, str], *, rank: int, nproc: int, port: int, cpu_dev
   return env
 
 
+def _die_with_parent() -> None:
+  """Linux: SIGTERM this child when the launcher dies, even by SIGKILL (no orphaned ranks blocking a port)."""
+  try:
+    import ctypes  # pylint: disable=import-outside-toplevel
+    import signal  # pylint: disable=import-outside-toplevel
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
 def _pump(rank: int, stream, log) -> None:
   for line in iter(stream.readline, ""):
     sys.stdout.write(f"[rank {rank}] {line}")
@@ -80,11 +91,19 @@ def launch(cmd: list[str], *, nproc: int, cpu_devices: int | None = None, port: 
     log = open(os.path.join(log_dir, f"rank_{rank}.log"), "w", encoding="utf-8") if log_dir else None
     logs.append(log)
     p = subprocess.Popen(cmd, env=child_env(os.environ, rank=rank, nproc=nproc, port=port, cpu_devices=cpu_devices),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
     procs.append(p)
     t = threading.Thread(target=_pump, args=(rank, p.stdout, log), daemon=True)
     t.start()
     threads.append(t)
+  import signal  # pylint: disable=import-outside-toplevel
+
+  def _on_term(signum, frame):  # pylint: disable=unused-argument
+    raise SystemExit(128 + signum)
+
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGTERM, _on_term)
   deadline = None if timeout is None else time.monotonic() + timeout
   rc = 0
   try:
