@@ -102,11 +102,12 @@ def test_verdicts():
   assert "NOT MET" in text.split("\n")[1]
   assert "qwix_nvfp4**: eval 5.0000 - 3.0700 = +1.9300 vs spread 0.0200 -> MET" in text
   assert "jaxnn_nvfp4**" in text and "within the spread" in text
+  assert "paired per seed: [+0.0500, +0.0700], nvfp4 worse in 3/3 seed(s)" in text.split("\n")[0]
   assert "nvfp4_no_sr** vs nvfp4 (seed 0): +0.1400" in text and "reproduces" in text
   assert "nvfp4_keep_last1** vs nvfp4 (seed 0): +0.0100" in text and "opposite direction, within seed spread" in text
   good = _stats({"bf16": {0: 3.00, 1: 3.02}, "fp8": {0: 3.01, 1: 3.03}, "nvfp4": {0: 3.02, 1: 3.04}})
   lines = study.verdicts(good)
-  assert lines[0].endswith("MET") and "NOT" not in lines[0] and "NOT" not in lines[1]
+  assert "-> MET;" in lines[0] and "NOT" not in lines[0] and "-> MET;" in lines[1] and "NOT" not in lines[1]
 
 
 def test_results_markers_keep_hand_written_text(tmp_path):

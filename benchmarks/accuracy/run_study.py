@@ -149,7 +149,7 @@ SIZINGS = {
     "quick": Sizing(name="quick", steps=7, eval_interval=6, eval_steps=2, key_seeds=1, peer_seeds=1, jobs=2,
                     publish=False),
     # What fits ~1 h of wall time on a 2-core machine shared with other work.
-    "cpu": Sizing(name="cpu", steps=101, eval_interval=50, eval_steps=8, key_seeds=3, peer_seeds=1, jobs=2,
+    "cpu": Sizing(name="cpu", steps=101, eval_interval=50, eval_steps=8, key_seeds=3, peer_seeds=3, jobs=2,
                   publish=True),
     # The issue's sizing for 2 free cores (each run <= ~15 min, whole study <= ~2 h): not run in this session.
     "full": Sizing(name="full", steps=301, eval_interval=100, eval_steps=16, key_seeds=3, peer_seeds=3, jobs=1,
@@ -409,6 +409,16 @@ def table(stats: dict[str, ArmStats]) -> list[str]:
   return lines
 
 
+def _paired(a: ArmStats, b: ArmStats) -> str:
+  """Per-seed paired differences eval_a(s) - eval_b(s): range and how many are positive."""
+  ea, eb = a.evals(), b.evals()
+  d = [ea[s] - eb[s] for s in sorted(set(ea) & set(eb))]
+  if not d:
+    return "no shared seed"
+  return (f"paired per seed: [{min(d):+.4f}, {max(d):+.4f}], {a.arm.name} worse in {sum(x > 0 for x in d)}/{len(d)}"
+          " seed(s)")
+
+
 def _one_seed(*arms: ArmStats) -> str:
   return " (1 seed each: no spread measured)" if all(a.spread() is None for a in arms) else ""
 
@@ -423,13 +433,14 @@ def verdicts(stats: dict[str, ArmStats]) -> list[str]:
     m, _, _, n = paired_rel_gap(nv, bf)
     ok = m <= 0.01
     out.append(f"- **nvfp4 eval-loss gap vs BF16 <= 1 % relative**: {_pct(m)} (mean of {n} paired seed(s)) -> "
-               f"{'MET' if ok else 'NOT MET'}")
+               f"{'MET' if ok else 'NOT MET'}; {_paired(nv, bf)}")
   if have(nv) and have(bf) and have(f8):
     spread = max(x for x in (nv.spread(), f8.spread(), 0.0) if x is not None)
     d_nv, d_f8 = nv.mean() - bf.mean(), f8.mean() - bf.mean()
     ok = d_nv <= d_f8 + spread
     out.append(f"- **nvfp4 gap <= FP8 gap + seed spread**: nvfp4 {d_nv:+.4f} vs FP8 {d_f8:+.4f} + spread "
-               f"{spread:.4f}{_one_seed(nv, f8)} (nats, eval loss means) -> {'MET' if ok else 'NOT MET'}")
+               f"{spread:.4f}{_one_seed(nv, f8)} (nats, eval loss means) -> {'MET' if ok else 'NOT MET'}; nvfp4 vs"
+               f" FP8 {_paired(nv, f8)}")
   for peer in ("qwix_nvfp4", "jaxnn_nvfp4"):
     p = g(peer)
     if have(nv) and have(p):
@@ -438,7 +449,7 @@ def verdicts(stats: dict[str, ArmStats]) -> list[str]:
       verdict = "MET (nvfp4 better beyond the spread)" if d > spread else (
           "NOT MET: nvfp4 better but within the spread" if d > 0 else "NOT MET: the peer is better")
       out.append(f"- **nvfp4 better than {peer}**: eval {p.mean():.4f} - {nv.mean():.4f} = {d:+.4f} vs spread "
-                 f"{spread:.4f}{_one_seed(nv, p)} -> {verdict}")
+                 f"{spread:.4f}{_one_seed(nv, p)} -> {verdict}; {_paired(p, nv)}")
     elif p is not None and not p.runs:
       out.append(f"- **nvfp4 better than {peer}**: the peer has no complete run ({p.incomplete} failed)")
   if have(nv):
