@@ -60,9 +60,14 @@ def test_two_processes_agree_with_each_other_and_with_one_process(tmp_path):
   shell = " ".join(
       [*map(_q, _trainer_cmd()), *map(_q, common), "run_name=dist", "hardware=gpu_multiprocess",
        f"metrics_file={out}/rank_$SLURM_PROCID.jsonl"])
-  r = subprocess.run([sys.executable, LAUNCHER, "-n", "2", "--cpu-devices", "4", "--timeout", "500",
-                      "--log-dir", str(out / "logs"), "--", "sh", "-c", "exec " + shell],
-                     env=_env(), capture_output=True, text=True, timeout=560)
+  launch = [sys.executable, LAUNCHER, "-n", "2", "--cpu-devices", "4", "--timeout", "500",
+            "--log-dir", str(out / "logs"), "--", "sh", "-c", "exec " + shell]
+  r = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=560)
+  # XLA's gloo rendezvous waits a fixed 30 s for the other rank; on an oversubscribed machine the two compiles can
+  # finish further apart than that. That is a property of the machine, not of the code: retry once.
+  if r.returncode != 0 and ("Gloo context initialization failed" in r.stdout or "Connect timeout" in r.stdout):
+    print("gloo rendezvous timed out (machine overloaded); retrying once")
+    r = subprocess.run(launch, env=_env(), capture_output=True, text=True, timeout=560)
   assert r.returncode == 0, r.stdout[-4000:]
   logs = [(out / "logs" / f"rank_{i}.log").read_text() for i in range(2)]
   for i, log in enumerate(logs):
