@@ -103,12 +103,45 @@ def _main_exit_2_on_config_error(argv):
     sys.exit(2)
 
 
+def hardware_error(args: list[str]) -> str | None:
+  """Why this machine cannot run the recipe (TE FP8, TE attention, ``nvfp4_backend=te``), or None.
+
+  Checked before MaxText starts (no JAX backend is initialized: safe before ``jax.distributed``), so a
+  Blackwell recipe on the wrong machine stops at once with the matching proxy/emulated recipe named.
+  """
+  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
+
+  try:
+    te, cc = recipes.detect_hardware()
+    return recipes.check_argv(["maxtext_nvfp4.train", *args], te_available=te, gpu_cc=cc)
+  except Exception:  # pylint: disable=broad-exception-caught  (unreadable recipe: MaxText reports it)
+    return None
+
+
+def ensure_metrics_dir(args: list[str]) -> None:
+  """MaxText appends to ``metrics_file`` without creating its folder; create it (``runs/`` in recipes)."""
+  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
+
+  try:
+    cfg = recipes.load_recipe(recipes.find_recipe(args[0])) if args and args[0].endswith(".yml") else {}
+    path = recipes.apply_overrides(cfg, args[1:] if args and args[0].endswith(".yml") else args).get("metrics_file")
+  except Exception:  # pylint: disable=broad-exception-caught
+    return
+  if isinstance(path, str) and path and "://" not in path and os.path.dirname(path):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+
+
 def cli_main(argv: list[str]) -> int:
   """``maxtext-nvfp4 train [RECIPE.yml] [key=value ...]``; returns the process exit code."""
   args = list(argv)
   if args and args[0] in ("-h", "--help"):
     print(_USAGE)
     return 0
+  problem = hardware_error(args)
+  if problem:
+    print(f"maxtext-nvfp4: {problem}", file=sys.stderr, flush=True)
+    return 2
+  ensure_metrics_dir(args)
   maxtext_nvfp4.register()
   args = with_default_tokenizer(args)
   from absl import app  # pylint: disable=import-outside-toplevel
