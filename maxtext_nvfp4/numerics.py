@@ -218,6 +218,22 @@ def e2m1_rne(v):
   return jnp.copysign(r, v)
 
 
+def _random_bytes(key, shape):
+  """Uniform random ``uint8`` of ``shape``: 32-bit ``jax.random.bits`` words split into 4 bytes each.
+
+  With JAX's default (partitionable) threefry, ``jax.random.bits(key, shape, jnp.uint8)`` spends one
+  full threefry2x32 evaluation per byte; drawing one uint32 word per 4 elements along the last axis and
+  bitcasting it to 4 bytes is 4x fewer evaluations (~6x faster on XLA:CPU: 47 -> 8 ms for 1.8M bytes)
+  and keeps the leading axes, so a sharded tensor still draws its bits shard-locally. Every byte is
+  still uniform and independent; SR matches TE in distribution only either way (TE uses Philox bits tied
+  to its CUDA thread mapping). Last axes not divisible by 4 take the one-word-per-byte path.
+  """
+  if not shape or shape[-1] % 4:
+    return jax.random.bits(key, shape, jnp.uint8)
+  words = jax.random.bits(key, tuple(shape[:-1]) + (shape[-1] // 4,), jnp.uint32)
+  return lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
+
+
 def _e2m1_stochastic(v, u):
   """Stochastic rounding to E2M1 as the PTX emulation in TE's ``ptx.cuh``: 8 random bits per element.
 
@@ -439,7 +455,7 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht):
   if stochastic_key is None:
     q = e2m1_rne(y)
   else:
-    rbits = jax.random.bits(stochastic_key, y.shape, jnp.uint8)
+    rbits = _random_bytes(stochastic_key, y.shape)
     q = _e2m1_stochastic(y, rbits.astype(jnp.float32) * np.float32(1.0 / 256.0))
   q = jnp.where(jnp.isnan(q), np.float32(E2M1_MAX), q)
 
