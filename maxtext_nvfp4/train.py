@@ -131,6 +131,47 @@ def ensure_metrics_dir(args: list[str]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
 
 
+def _effective(args: list[str]) -> dict:
+  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
+
+  try:
+    has_yml = bool(args) and args[0].endswith(".yml")
+    cfg = recipes.load_recipe(recipes.find_recipe(args[0])) if has_yml else {}
+    return recipes.apply_overrides(cfg, args[1:] if has_yml else args)
+  except Exception:  # pylint: disable=broad-exception-caught  (MaxText reports unreadable recipes)
+    return {}
+
+
+def _accelerator_present() -> bool:
+  """An NVIDIA GPU (nvidia-smi) or a TPU (/dev/accel*, /dev/vfio) on this host; JAX is not touched."""
+  import glob  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+
+  return bool(shutil.which("nvidia-smi") or glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio"))
+
+
+def with_single_host_cpu_defaults(args: list[str]) -> list[str]:
+  """``skip_jax_distributed_system=true`` for a single process on a host without accelerators.
+
+  With the default ``hardware: tpu`` and checkpointing on, MaxText 0.2.5 calls
+  ``jax.distributed.initialize()`` and fails on a CPU-only host ("coordinator_address should be
+  defined"). Not added when the user sets the key, asks for a multi-process hardware mode, or a JAX
+  coordinator is configured in the environment.
+  """
+  if any(a.startswith("skip_jax_distributed_system=") for a in args):
+    return args
+  if "JAX_COORDINATOR_ADDRESS" in os.environ or _accelerator_present():
+    return args
+  cfg = _effective(args)
+  if str(cfg.get("hardware", "tpu")) not in ("tpu", ""):
+    return args
+  if not cfg.get("enable_checkpointing", True) or cfg.get("skip_jax_distributed_system"):
+    return args
+  print("maxtext-nvfp4: no accelerator on this host; passing skip_jax_distributed_system=true (single process)",
+        flush=True)
+  return [*args, "skip_jax_distributed_system=true"]
+
+
 def cli_main(argv: list[str]) -> int:
   """``maxtext-nvfp4 train [RECIPE.yml] [key=value ...]``; returns the process exit code."""
   args = list(argv)
@@ -142,8 +183,12 @@ def cli_main(argv: list[str]) -> int:
     print(f"maxtext-nvfp4: {problem}", file=sys.stderr, flush=True)
     return 2
   ensure_metrics_dir(args)
+  # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
+  for stream in (sys.stdout, sys.stderr):
+    if hasattr(stream, "reconfigure"):
+      stream.reconfigure(line_buffering=True)
   maxtext_nvfp4.register()
-  args = with_default_tokenizer(args)
+  args = with_single_host_cpu_defaults(with_default_tokenizer(args))
   from absl import app  # pylint: disable=import-outside-toplevel
 
   try:

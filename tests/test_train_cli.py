@@ -41,3 +41,19 @@ def test_metrics_file_folder_is_created(tmp_path):
   assert target.parent.is_dir()
   train.ensure_metrics_dir([f"metrics_file={tmp_path / 'c' / 'm.jsonl'}"])
   assert (tmp_path / "c").is_dir()
+
+
+def test_single_host_cpu_checkpointing_skips_jax_distributed(monkeypatch):
+  monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+  monkeypatch.setattr(train, "_accelerator_present", lambda: False)
+  demo = os.path.join(ROOT, "recipes/demo_nvfp4.yml")
+  out = train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true"])
+  assert out[-1] == "skip_jax_distributed_system=true"
+  # the user's choice, multi-process hardware and disabled checkpointing are left alone
+  assert train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true", "skip_jax_distributed_system=false"])[-1] \
+      == "skip_jax_distributed_system=false"
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults(
+      [demo, "enable_checkpointing=true", "hardware=gpu_multiprocess"])
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=false"])
+  monkeypatch.setattr(train, "_accelerator_present", lambda: True)
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true"])
