@@ -2,6 +2,7 @@
 
   python benchmarks/accuracy/peer_train.py qwix  RECIPE.yml key=value ...
   python benchmarks/accuracy/peer_train.py jaxnn RECIPE.yml key=value ...
+  python benchmarks/accuracy/peer_train.py ours_fwd recipes/demo_nvfp4.yml key=value ...   (diagnostic)
 
 Both run ``maxtext_nvfp4.train.cli_main`` (MaxText's ``train.main`` with our plugin registered, so the
 recipe files, tokenizer default and step logs are identical to our arms) after monkeypatching MaxText:
@@ -39,7 +40,7 @@ import dataclasses
 import functools
 import sys
 
-PEERS = ("qwix", "qwix_fwd", "jaxnn")
+PEERS = ("qwix", "qwix_fwd", "jaxnn", "ours_fwd")
 
 
 def qwix_rules(backward: bool = True):
@@ -135,6 +136,22 @@ def install_jaxnn(global_scale: float = 1.0) -> None:
   quantizations.configure_quantization = configure_quantization
 
 
+def install_ours_fwd() -> None:
+  """Our recipe with dgrad and wgrad in BF16 (fprop NVFP4 unchanged): the same GEMMs quantized as the
+  jax.nn peer, whose nvfp4 backward does not quantize. A diagnostic, not a supported setting: it wraps
+  ``maxtext_nvfp4.plan.gemm_recipes``, which the plugin looks up per projection."""
+  from maxtext_nvfp4 import plan  # pylint: disable=import-outside-toplevel
+
+  orig = plan.gemm_recipes
+
+  def gemm_recipes(s, *, layer, role, num_layers):
+    before, after = orig(s, layer=layer, role=role, num_layers=num_layers)
+    fwd_only = lambda r: None if r is None else dataclasses.replace(r, dgrad="bf16", wgrad="bf16")  # noqa: E731
+    return fwd_only(before), fwd_only(after)
+
+  plan.gemm_recipes = gemm_recipes
+
+
 def main(argv: list[str]) -> int:
   if not argv or argv[0] not in PEERS:
     print(f"usage: peer_train.py {{{'|'.join(PEERS)}}} [--global-scale G] RECIPE.yml key=value ...",
@@ -154,6 +171,9 @@ def main(argv: list[str]) -> int:
     install_qwix(backward=peer == "qwix")
     print(f"peer_train: qwix nvfp4 (tile 16, no tensor scale, {'fwd+bwd' if peer == 'qwix' else 'fwd only'}) on"
           " decoder/.*layers.* dot_generals", flush=True)
+  elif peer == "ours_fwd":
+    install_ours_fwd()
+    print("peer_train: OUR recipe with dgrad/wgrad in BF16 (fprop NVFP4) -- diagnostic", flush=True)
   else:
     install_jaxnn(global_scale)
     print(f"peer_train: jax.nn.scaled_dot_general nvfp4 (static global scale {global_scale:g}) on every"
