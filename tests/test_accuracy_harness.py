@@ -146,3 +146,16 @@ def test_summary_json_roundtrip(tmp_path):
   assert res["complete"] and res["final_eval_loss"] == 7.1 and res["final_train_loss"] == pytest.approx(7.4)
   assert json.loads(json.dumps(res))["step0_loss"] == 8.0
   assert not study.summarize(spec, rc=0, wall_s=1.0, steps=9)["complete"]
+
+
+def test_shrink_png(tmp_path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(10, 7.5))
+  for i in range(8):
+    ax.plot([(j * (i + 1)) % 17 for j in range(200)], label=str(i))
+  ax.legend()
+  fig.savefig(tmp_path / "a.png")
+  study.shrink_png(tmp_path / "a.png", tmp_path / "b.png")
+  assert 0 < (tmp_path / "b.png").stat().st_size < min(200_000, (tmp_path / "a.png").stat().st_size)

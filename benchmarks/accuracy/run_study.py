@@ -389,7 +389,8 @@ def _pct(v) -> str:
 def table(stats: dict[str, ArmStats]) -> list[str]:
   bf16, fp8 = stats.get("bf16"), stats.get("fp8")
   head = ["arm", "seeds", "final train loss", "eval loss (mean)", "eval seed spread (max-min / std)",
-          "rel. gap vs BF16 (mean [min, max])", "rel. gap vs FP8", "step-0 loss", "median s/step"]
+          "rel. gap vs BF16 (mean [min, max])", "rel. gap vs FP8", "step-0 loss (seed 0)",
+          "median s/step (shared CPU)"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for arm in ARMS:
     st = stats.get(arm.name)
@@ -406,11 +407,11 @@ def table(stats: dict[str, ArmStats]) -> list[str]:
       return _pct(m) + (f" [{_pct(lo)}, {_pct(hi)}]" if n >= 2 else "")
     spread = st.spread()
     sp = f"{_f(spread)} / {_f(st.std())}" if spread is not None else "1 seed"
-    s0 = statistics.fmean([r["step0_loss"] for r in st.runs.values() if r["step0_loss"] is not None])
+    s0 = st.runs[0]["step0_loss"] if 0 in st.runs else None
     ms = statistics.fmean([r["median_step_s"] for r in st.runs.values() if r["median_step_s"]] or [float("nan")])
     n = f"{len(st.runs)}" + (f" (+{st.incomplete} failed)" if st.incomplete else "")
     lines.append(f"| {arm.name} | {n} | {_f(st.mean('final_train_loss'))} | {_f(st.mean())} | {sp} | "
-                 f"{gap(bf16)} | {gap(fp8)} | {_f(s0, '{:.3f}')} | {_f(ms, '{:.2f}')} |")
+                 f"{gap(bf16)} | {gap(fp8)} | {_f(s0, '{:.4f}')} | {_f(ms, '{:.2f}')} |")
   return lines
 
 
@@ -539,8 +540,10 @@ def generated_section(sizing: Sizing, stats: dict[str, ArmStats], command: str, 
       "Definitions: final train loss = mean of the last ceil(steps/10) training losses; eval loss = `eval/avg_loss`"
       " after the last step; relative gap = (eval_arm - eval_base) / eval_base per seed, averaged over the seeds"
       " both arms ran ([min, max] over seeds when >= 2); seed spread = max - min of the arm's eval losses over"
-      " seeds (std after the slash); step-0 loss = the loss of the first batch at the shared initial weights (it"
-      " differs from BF16 only through the arm's forward quantization: a check that the path is active).", "",
+      " seeds (std after the slash); step-0 loss = seed 0's loss on the first batch at the shared initial weights (it"
+      " differs from BF16 only through the arm's forward quantization: a check that the path is active; arms"
+      " with the same forward at step 0 show the same value); s/step is a median on a machine shared with"
+      " other jobs, not a speed measurement.", "",
       "### Targets (evaluated mechanically)", "",
       *verdicts(stats), "",
   ]
@@ -565,6 +568,18 @@ def write_results(path: Path, section: str, header: str) -> None:
   path.write_text(header + "\n\n" + section + "\n", encoding="utf8")
 
 
+def shrink_png(src: Path, dst: Path, *, colors: int = 64) -> None:
+  """Copy a plot as a 64-colour palette PNG (committed plots stay well under 200 KB; line plots lose nothing
+  visible). Falls back to a plain copy without Pillow."""
+  try:
+    from PIL import Image  # pylint: disable=import-outside-toplevel  (matplotlib depends on Pillow)
+  except ImportError:
+    shutil.copyfile(src, dst)
+    return
+  with Image.open(src) as im:
+    im.convert("RGB").quantize(colors=colors).save(dst, "PNG", optimize=True)
+
+
 def report(sizing: Sizing, runs: Sequence[RunSpec], out: Path, *, command: str, started: str,
            publish_dir: Path | None) -> Path:
   stats = collect(out, runs)
@@ -575,7 +590,7 @@ def report(sizing: Sizing, runs: Sequence[RunSpec], out: Path, *, command: str, 
   for name, d in made.items():
     png = dest / "plots" / f"{name}_loss.png"
     png.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(d / "loss.png", png)
+    shrink_png(d / "loss.png", png)
     plot_rel[name] = f"plots/{name}_loss.png"
   results = dest / "RESULTS.md"
   write_results(results, generated_section(sizing, stats, command, started, plot_rel), header)
