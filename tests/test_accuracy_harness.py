@@ -106,6 +106,10 @@ def test_verdicts():
   assert "paired per seed: [+0.0500, +0.0700], nvfp4 worse in 3/3 seed(s)" in text.split("\n")[0]
   assert "nvfp4_no_sr** vs nvfp4 (seed 0): +0.1400" in text and "reproduces" in text
   assert "nvfp4_keep_last1** vs nvfp4 (seed 0): +0.0100" in text and "opposite direction, within seed spread" in text
+  diag = _stats({"nvfp4": {0: 3.06, 1: 3.07}, "nvfp4_fwd_only": {0: 3.01, 1: 3.03}, "jaxnn_nvfp4": {0: 3.02, 1: 3.02}})
+  dtext = "\n".join(study.verdicts(diag))
+  assert "jaxnn_nvfp4 - nvfp4_fwd_only = +0.0000" in dtext and "[-0.0100, +0.0100]" in dtext
+  assert "nvfp4 - nvfp4_fwd_only = +0.0450" in dtext
   good = _stats({"bf16": {0: 3.00, 1: 3.02}, "fp8": {0: 3.01, 1: 3.03}, "nvfp4": {0: 3.02, 1: 3.04}})
   lines = study.verdicts(good)
   assert "-> MET;" in lines[0] and "NOT" not in lines[0] and "-> MET;" in lines[1] and "NOT" not in lines[1]

@@ -135,7 +135,7 @@ class Sizing:
   eval_interval: int
   # Eval batches per eval (batch 4 x 256 tokens each).
   eval_steps: int
-  # Seeds of the key arms (bf16, fp8, nvfp4) and of the peers; every other arm runs seed 0 only.
+  # Seeds of the key arms (bf16, fp8, nvfp4) and of the peers + diagnostics; ablations run seed 0 only.
   key_seeds: int
   peer_seeds: int
   # Arms run in parallel.
@@ -186,7 +186,7 @@ class RunSpec:
 
 
 def seeds_of(arm: Arm, sizing: Sizing) -> list[int]:
-  n = sizing.key_seeds if arm.group == "key" else sizing.peer_seeds if arm.group == "peer" else 1
+  n = sizing.key_seeds if arm.group == "key" else sizing.peer_seeds if arm.group in ("peer", "diagnostic") else 1
   return list(range(n))
 
 
@@ -458,6 +458,15 @@ def verdicts(stats: dict[str, ArmStats]) -> list[str]:
                  f"{spread:.4f}{_one_seed(nv, p)} -> {verdict}; {_paired(p, nv)}")
     elif p is not None and not p.runs:
       out.append(f"- **nvfp4 better than {peer}**: the peer has no complete run ({p.incomplete} failed)")
+  fwd = g("nvfp4_fwd_only")
+  for peer in ("jaxnn_nvfp4", "qwix_nvfp4_fwd"):
+    p = g(peer)
+    if have(fwd) and have(p):  # forward-only NVFP4 against forward-only NVFP4: the same GEMMs quantized
+      out.append(f"- diagnostic, forward-only vs forward-only: {peer} - nvfp4_fwd_only = "
+                 f"{p.mean() - fwd.mean():+.4f} nats (eval means); {_paired(p, fwd)}")
+  if have(fwd) and have(nv):
+    out.append(f"- diagnostic, cost of our NVFP4 backward: nvfp4 - nvfp4_fwd_only = {nv.mean() - fwd.mean():+.4f}"
+               f" nats (eval means); {_paired(nv, fwd)}")
   if have(nv):
     spread = nv.spread()
     e0 = nv.evals().get(0)
