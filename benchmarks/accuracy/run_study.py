@@ -534,7 +534,7 @@ def generated_section(sizing: Sizing, stats: dict[str, ArmStats], command: str, 
   walls = [r["wall_s"] for s in stats.values() for r in s.runs.values()]
   lines = [
       BEGIN, "",
-      f"- Command: `{command}`",
+      f"- Command: {command}",
       f"- Date: {started} (UTC start), report written {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}Z",
       f"- Hardware: {hardware_line()}; JAX {jax.__version__} ({jax.default_backend()}); NVFP4 is the exact"
       " pure-JAX emulation",
@@ -667,7 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     print(f"run_study.py: error: {e}", file=sys.stderr)
     return 2
-  command = "python benchmarks/accuracy/run_study.py " + shlex.join(list(argv if argv is not None else sys.argv[1:]))
+  args = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--report-only"]
+  command = "`" + " ".join(["python benchmarks/accuracy/run_study.py", shlex.join(args)]).strip() + "`"
+  if a.report_only:
+    command += " (this report rebuilt from its finished runs with `--report-only`)"
   if a.dry_run:
     for r in runs:
       print(f"# {r.key}\n{shlex.join(r.argv)}")
