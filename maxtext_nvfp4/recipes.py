@@ -212,12 +212,18 @@ def detect_hardware() -> tuple[bool, float | None]:
   return te_available, (min(ccs) if ccs else None)
 
 
-def check_argv(argv: Sequence[str], *, te_available: bool, gpu_cc: float | tuple[int, int] | None) -> str | None:
-  """:func:`check_hardware` for a trainer command line ``[prog, RECIPE.yml, key=value, ...]`` (argv[0]
-  ignored; no ``.yml`` means MaxText's base.yml, which needs nothing)."""
-  args = [a for a in list(argv)[1:] if a is not None]
+def effective_config(args: Sequence[str]) -> dict[str, Any]:
+  """Keys of a trainer command line ``[RECIPE.yml] key=value ...``: the recipe's local ``base_config``
+  chain (:func:`load_recipe`) with the overrides applied; without a leading ``.yml``, the overrides only."""
+  args = [a for a in args if a is not None]
   config: dict[str, Any] = {}
   if args and str(args[0]).endswith(".yml"):
     config = load_recipe(find_recipe(args[0]))
     args = args[1:]
-  return check_hardware(apply_overrides(config, args), te_available=te_available, gpu_cc=gpu_cc)
+  return apply_overrides(config, args)
+
+
+def check_argv(argv: Sequence[str], *, te_available: bool, gpu_cc: float | tuple[int, int] | None) -> str | None:
+  """:func:`check_hardware` for a trainer command line ``[prog, RECIPE.yml, key=value, ...]`` (argv[0]
+  ignored; no ``.yml`` means MaxText's base.yml, which needs nothing)."""
+  return check_hardware(effective_config(list(argv)[1:]), te_available=te_available, gpu_cc=gpu_cc)

@@ -103,43 +103,35 @@ def _main_exit_2_on_config_error(argv):
     sys.exit(2)
 
 
-def hardware_error(args: list[str]) -> str | None:
+def _effective(args: list[str]) -> dict:
+  """The command line's effective keys (recipe chain + overrides); ``{}`` for an unreadable recipe
+  (MaxText reports that itself)."""
+  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
+
+  try:
+    return recipes.effective_config(args)
+  except Exception:  # pylint: disable=broad-exception-caught
+    return {}
+
+
+def hardware_error(args: list[str], cfg: dict | None = None) -> str | None:
   """Why this machine cannot run the recipe (TE FP8, TE attention, ``nvfp4_backend=te``), or None.
 
   Checked before MaxText starts (no JAX backend is initialized: safe before ``jax.distributed``), so a
   Blackwell recipe on the wrong machine stops at once with the matching proxy/emulated recipe named.
+  ``cfg``: :func:`_effective` of ``args`` when the caller already has it.
   """
   from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
 
-  try:
-    te, cc = recipes.detect_hardware()
-    return recipes.check_argv(["maxtext_nvfp4.train", *args], te_available=te, gpu_cc=cc)
-  except Exception:  # pylint: disable=broad-exception-caught  (unreadable recipe: MaxText reports it)
-    return None
+  te, cc = recipes.detect_hardware()
+  return recipes.check_hardware(_effective(args) if cfg is None else cfg, te_available=te, gpu_cc=cc)
 
 
-def ensure_metrics_dir(args: list[str]) -> None:
+def ensure_metrics_dir(args: list[str], cfg: dict | None = None) -> None:
   """MaxText appends to ``metrics_file`` without creating its folder; create it (``runs/`` in recipes)."""
-  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
-
-  try:
-    cfg = recipes.load_recipe(recipes.find_recipe(args[0])) if args and args[0].endswith(".yml") else {}
-    path = recipes.apply_overrides(cfg, args[1:] if args and args[0].endswith(".yml") else args).get("metrics_file")
-  except Exception:  # pylint: disable=broad-exception-caught
-    return
+  path = (_effective(args) if cfg is None else cfg).get("metrics_file")
   if isinstance(path, str) and path and "://" not in path and os.path.dirname(path):
     os.makedirs(os.path.dirname(path), exist_ok=True)
-
-
-def _effective(args: list[str]) -> dict:
-  from maxtext_nvfp4 import recipes  # pylint: disable=import-outside-toplevel
-
-  try:
-    has_yml = bool(args) and args[0].endswith(".yml")
-    cfg = recipes.load_recipe(recipes.find_recipe(args[0])) if has_yml else {}
-    return recipes.apply_overrides(cfg, args[1:] if has_yml else args)
-  except Exception:  # pylint: disable=broad-exception-caught  (MaxText reports unreadable recipes)
-    return {}
 
 
 def _accelerator_present() -> bool:
@@ -150,7 +142,7 @@ def _accelerator_present() -> bool:
   return bool(shutil.which("nvidia-smi") or glob.glob("/dev/accel*") or os.path.isdir("/dev/vfio"))
 
 
-def with_single_host_cpu_defaults(args: list[str]) -> list[str]:
+def with_single_host_cpu_defaults(args: list[str], cfg: dict | None = None) -> list[str]:
   """``skip_jax_distributed_system=true`` for a single process on a host without accelerators.
 
   With the default ``hardware: tpu`` and checkpointing on, MaxText 0.2.5 calls
@@ -162,7 +154,7 @@ def with_single_host_cpu_defaults(args: list[str]) -> list[str]:
     return args
   if "JAX_COORDINATOR_ADDRESS" in os.environ or _accelerator_present():
     return args
-  cfg = _effective(args)
+  cfg = _effective(args) if cfg is None else cfg
   if str(cfg.get("hardware", "tpu")) not in ("tpu", ""):
     return args
   if not cfg.get("enable_checkpointing", True) or cfg.get("skip_jax_distributed_system"):
@@ -178,17 +170,18 @@ def cli_main(argv: list[str]) -> int:
   if args and args[0] in ("-h", "--help"):
     print(_USAGE)
     return 0
-  problem = hardware_error(args)
+  cfg = _effective(args)  # read the recipe chain once for the three start-up checks below
+  problem = hardware_error(args, cfg)
   if problem:
     print(f"maxtext-nvfp4: {problem}", file=sys.stderr, flush=True)
     return 2
-  ensure_metrics_dir(args)
+  ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
   for stream in (sys.stdout, sys.stderr):
     if hasattr(stream, "reconfigure"):
       stream.reconfigure(line_buffering=True)
   maxtext_nvfp4.register()
-  args = with_single_host_cpu_defaults(with_default_tokenizer(args))
+  args = with_single_host_cpu_defaults(with_default_tokenizer(args), cfg)
   from absl import app  # pylint: disable=import-outside-toplevel
 
   try:
