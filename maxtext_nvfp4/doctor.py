@@ -111,6 +111,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
   if not path.is_file():
     raise FileNotFoundError(f"recipe {path} does not exist")
   chain: list[Path] = []
+  contents: list[dict] = []  # parsed YAML of each chain file, read once
   stopped_at = None
   cur: Path | None = path.resolve()
   while cur is not None:
@@ -122,6 +123,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     data = yaml.safe_load(cur.read_text()) or {}
     if not isinstance(data, dict):
       raise ValueError(f"{cur}: expected a YAML mapping at top level, got {type(data).__name__}")
+    contents.append(data)
     base = data.get("base_config")
     nxt = _resolve_base(cur, str(base)) if base else None
     if base and nxt is None:
@@ -129,8 +131,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     cur = nxt
   values: dict[str, Any] = {}
   sources: dict[str, str] = {}
-  for f in reversed(chain):  # parent first, child overrides
-    data = yaml.safe_load(f.read_text()) or {}
+  for f, data in reversed(list(zip(chain, contents))):  # parent first, child overrides
     for k, v in data.items():
       if k == "base_config":
         continue
