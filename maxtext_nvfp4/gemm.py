@@ -147,11 +147,18 @@ def _plain_dot(a, b, contract, out_dtype):
   return y.astype(out_dtype)
 
 
+def _gemm_view(q):
+  """(``q * s8`` values in bf16, ``amax / 2688``) of an operand: an NVFP4Tensor (kept for reuse or as a
+  residual) or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand)."""
+  if isinstance(q, numerics.NVFP4Tensor):
+    return numerics.block_values(q, jnp.bfloat16), numerics.global_decode_scale(q)
+  values, amax = q
+  return values, numerics.global_decode_scale(amax)
+
+
 def _nvfp4_dot(qa, qb, contract, out_dtype):
-  alpha = numerics.global_decode_scale(qa) * numerics.global_decode_scale(qb)
-  return _scaled_dot(
-      numerics.block_values(qa, jnp.bfloat16), numerics.block_values(qb, jnp.bfloat16), contract, alpha, out_dtype
-  )
+  (va, ga), (vb, gb) = _gemm_view(qa), _gemm_view(qb)
+  return _scaled_dot(va, vb, contract, ga * gb, out_dtype)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
@@ -186,7 +193,7 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None):
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
   if qw is None:
     qw = _quantize_weight(w, r.two_d_weights, 0)
-  qx = numerics.quantize(_pad_to(x, (x.shape[0], qw.shape[0])), axis=1)
+  qx = numerics.quantize_values(_pad_to(x, (x.shape[0], qw.shape[0])), axis=1)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
@@ -197,7 +204,7 @@ def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype):
   if r.dgrad == "fp8":
     return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
   qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1)
-  qdy = numerics.quantize(
+  qdy = numerics.quantize_values(
       _pad_to(dy, (dy.shape[0], qw.shape[1])), axis=1, stochastic_key=key if r.stochastic_rounding else None
   )
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
@@ -210,7 +217,7 @@ def _wgrad(r: GemmRecipe, x, dy, key, out_dtype):
   if r.wgrad == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(dy, "e5m2"), (0, 0), out_dtype)
   qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht)
-  qdy = numerics.quantize(
+  qdy = numerics.quantize_values(
       _pad_to(dy, (qx.shape[0], dy.shape[1])), axis=0, rht=r.rht, stochastic_key=key if r.stochastic_rounding else None
   )
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)

@@ -316,6 +316,29 @@ def test_matches_reference_all_kinds(kind, mode):
     assert_bits_equal(nv.rht(jnp.asarray(x).astype(jnp.bfloat16), axis=0), rht_ref(x, 0), f"{kind} rht")
 
 
+_MODE_KW = {"row": dict(axis=1), "col": dict(axis=0), "2d": dict(block_2d=True), "rht_col": dict(axis=0, rht=True)}
+
+
+@pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
+@pytest.mark.parametrize("mode", MODES)
+def test_quantize_values_equals_block_values_of_quantize(mode, sr):
+  """The fused GEMM-side path (no 4-bit packing) gives block_values(quantize(x)) and amax bit for bit, on
+  every input kind side by side (subnormal, tiny, huge, ties, zero blocks) and with non-finite input."""
+  kinds = ("normal", "wide_elem", "wide_tile", "zero_blocks", "tiny_clamped", "subnormal", "huge", "ties")
+  x = np.concatenate([_input_for(k, mode) for k in kinds], 0)
+  xb = jnp.asarray(x, jnp.bfloat16)
+  key = jax.random.key(3) if sr else None
+  kw = dict(_MODE_KW[mode], stochastic_key=key)
+  for what, inp in (("finite", xb), ("nan", xb.at[70, 5].set(jnp.nan)), ("inf", xb.at[3, 100].set(-jnp.inf))):
+    t = nv.quantize(inp, **kw)
+    for dtype in (jnp.bfloat16, jnp.float32):
+      v, amax = nv.quantize_values(inp, dtype=dtype, **kw)
+      assert v.dtype == dtype
+      assert_bits_equal(np.asarray(v, np.float32), np.asarray(nv.block_values(t, dtype), np.float32), f"{mode}/{what} values")
+      assert_bits_equal(np.float32(amax).reshape(1), np.float32(t.amax).reshape(1), f"{mode}/{what} amax")
+    assert float(nv.global_decode_scale(amax)) == float(nv.global_decode_scale(t)) or what != "finite"
+
+
 def test_reference_inputs_hit_the_edge_paths():
   """The generated kinds really exercise the paths the golden README flags (guards the generators)."""
   q, s8, amax = quantize_ref(make_input("tiny_clamped", (64, 128), 11), "row")
