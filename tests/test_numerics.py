@@ -564,6 +564,41 @@ def test_sr_keys():
     assert np.isin(np.abs(np.asarray(t.data, np.float32)), E2M1_GRID).all()
 
 
+@pytest.mark.parametrize("shape", [(512, 1024), (64, 16, 36), (4096, 7)])
+def test_sr_random_bytes_uniform_and_uncorrelated(shape):
+  """The SR bits (keyed counter hash): every byte value equally likely, every bit balanced, no serial
+  correlation between neighbouring elements (within and across the 4 bytes of a word, and along rows),
+  and no correlation between two keys (fold_in 1 / 2: the dgrad and wgrad copies) or two steps."""
+  key = jax.random.key(7)
+  u = np.asarray(nv._random_bytes(key, shape)).astype(np.float64)
+  assert u.shape == shape
+  n = u.size
+  hist = np.bincount(u.astype(np.int64).ravel(), minlength=256)
+  chi2 = ((hist - n / 256) ** 2 / (n / 256)).sum()
+  assert chi2 < 255 + 6 * np.sqrt(2 * 255), chi2  # ~6 sigma of the chi-square(255) null
+  bits_ = (u.astype(np.uint8)[..., None] >> np.arange(8)) & 1
+  assert np.abs(bits_.reshape(-1, 8).mean(0) - 0.5).max() < 6 * 0.5 / np.sqrt(n)
+  tol = 6 / np.sqrt(n)  # correlation of independent uniforms: ~N(0, 1/n)
+
+  def corr(a, b):
+    return np.corrcoef(a.ravel(), b.ravel())[0, 1]
+
+  flat = u.reshape(-1)
+  for lag in (1, 2, 3, 4, 5, 16):
+    assert abs(corr(flat[:-lag], flat[lag:])) < tol * 1.01, lag
+  if len(shape) >= 2 and shape[-2] > 1:
+    assert abs(corr(u[..., :-1, :], u[..., 1:, :])) < tol * 1.01
+  others = [jax.random.fold_in(key, 1), jax.random.fold_in(key, 2), jax.random.key(8)]
+  draws = [np.asarray(nv._random_bytes(k, shape)).astype(np.float64) for k in others]
+  for i, a in enumerate([u] + draws):
+    for b in draws[i:]:
+      if a is not b:
+        assert abs(corr(a, b)) < tol, "two keys gave correlated SR bits"
+  # Same key, same bits (determinism); a different key changes nearly every byte.
+  assert np.array_equal(u, np.asarray(nv._random_bytes(key, shape)))
+  assert (u != draws[2]).mean() > 0.99
+
+
 # ================================================================================================
 # 6. Bad and extreme input
 # ================================================================================================
