@@ -26,6 +26,7 @@ Examples::
   python benchmarks/maxtext_step_bench.py --preset gpu-llama3-8b-4layer --out-dir $OUT/step
   python benchmarks/maxtext_step_bench.py --preset cpu-demo --variants bf16,nvfp4 --steps 12 --skip 3 \\
       --set remat_policy=minimal
+  python benchmarks/maxtext_step_bench.py --preset cpu-demo --variants bf16,fp8,nvfp4 --repeats 3  # paired rounds
 
 Exit status: 0 when every variant produced steps, 1 otherwise (the table still shows the others).
 """
@@ -149,8 +150,8 @@ def _read_metrics(path: str) -> list[dict]:
   return rows
 
 
-def run_variant(variant: str, p: dict, a, out_dir: str) -> dict:
-  run_name = f"bench_{variant}"
+def run_variant(variant: str, p: dict, a, out_dir: str, round_idx: int = 0) -> dict:
+  run_name = f"bench_{variant}" + (f"_r{round_idx}" if a.repeats > 1 else "")
   metrics = os.path.join(out_dir, f"{run_name}.jsonl")
   log_path = os.path.join(out_dir, f"{run_name}.log")
   keys = {**COMMON, "tokenizer_path": _tokenizer(), **p["keys"], **variant_keys(variant),
@@ -171,7 +172,7 @@ def run_variant(variant: str, p: dict, a, out_dir: str) -> dict:
   wall = time.time() - t0
   with open(log_path) as fh:
     text = fh.read()
-  out = dict(variant=variant, returncode=proc.returncode, wall_s=round(wall, 1), log=log_path,
+  out = dict(variant=variant, round=round_idx, returncode=proc.returncode, wall_s=round(wall, 1), log=log_path,
              command="python -m maxtext_nvfp4.train " + " ".join(argv))
   rows = [r for r in _read_metrics(metrics) if "perf/step_time_seconds" in r]
   times = [(int(r["step"]), float(r["perf/step_time_seconds"])) for r in rows]
@@ -209,6 +210,27 @@ def table(results: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def summarize_rounds(results: list[dict], variants: list[str]) -> str:
+  """Table over repeated rounds: the median of each variant's per-round medians, and the ratio to bf16
+  computed within each round (paired: both runs saw similar machine load) -- its median and range."""
+  lines = ["| variant | rounds | median of medians s/step | x bf16 (median of per-round ratios) | per-round x bf16 min / max |",
+           "|---|---|---|---|---|"]
+  by_round = {}
+  for r in results:
+    if "median_s" in r:
+      by_round.setdefault(r["round"], {})[r["variant"]] = r["median_s"]
+  for v in variants:
+    meds = [rd[v] for rd in by_round.values() if v in rd]
+    ratios = [rd[v] / rd["bf16"] for rd in by_round.values() if v in rd and "bf16" in rd]
+    if not meds:
+      lines.append(f"| {v} | 0 | FAILED | | |")
+      continue
+    rr = f"{statistics.median(ratios):.2f}" if ratios else "n/a"
+    rng = f"{min(ratios):.2f} / {max(ratios):.2f}" if ratios else "n/a"
+    lines.append(f"| {v} | {len(meds)} | {statistics.median(meds):.4f} | {rr} | {rng} |")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--preset", choices=("cpu-demo", "gpu-llama3-8b-4layer"), default="cpu-demo")
@@ -220,6 +242,8 @@ def main(argv=None) -> int:
   ap.add_argument("--cwd", help="working directory of the runs (default: the repository root)")
   ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
   ap.add_argument("--json", help="write the results and the table as JSON here")
+  ap.add_argument("--repeats", type=int, default=1, help="rounds over all variants, each round in a rotated order;"
+                  " >1 adds a table of paired per-round ratios (robust to load drift on shared machines)")
   a = ap.parse_args(argv)
   p = preset(a.preset)
   a.steps = a.steps or p["steps"]
@@ -233,14 +257,18 @@ def main(argv=None) -> int:
   header = f"MaxText step bench preset={a.preset} steps={a.steps} skip={a.skip} out={out_dir}"
   print(header, flush=True)
   results = []
-  for v in variants:
-    try:
-      r = run_variant(v, p, a, out_dir)
-    except subprocess.TimeoutExpired:
-      r = dict(variant=v, returncode="timeout", error=f"run exceeded {a.timeout} s")
-    print(json.dumps(r), flush=True)
-    results.append(r)
-  text = table(results)
+  for i in range(a.repeats):
+    order = variants[i % len(variants):] + variants[: i % len(variants)]
+    for v in order:
+      try:
+        r = run_variant(v, p, a, out_dir, i)
+      except subprocess.TimeoutExpired:
+        r = dict(variant=v, round=i, returncode="timeout", error=f"run exceeded {a.timeout} s")
+      print(json.dumps(r), flush=True)
+      results.append(r)
+  text = "\n\n".join(table([r for r in results if r.get("round") == i]) for i in range(a.repeats))
+  if a.repeats > 1:
+    text += "\n\n" + summarize_rounds(results, variants)
   print(header)
   print(text)
   if a.json:

@@ -295,34 +295,25 @@ _RHT_TINY = 2.0**-60
 _RHT_UP = 64
 
 
-def _fwht16(xb, axis):
-  """Unnormalized Sylvester-Hadamard transform of the 16-long ``axis``: ``y[c] = sum_r x[r] H16[r, c]``.
+def _rht16(xb, axis):
+  """``y[c] = sum_r x[r] * s_r H16[r, c] / 4`` along the 16-long ``axis`` of the blocked fp32 ``xb``.
 
-  Four add/subtract butterfly stages (pairs ``r``, ``r + h`` for h = 1, 2, 4, 8) instead of a K=16
-  matmul: ~4 fp32 adds per element and no transposes (the matmul needed the 16-axis last and moved it
-  back). The sums run in the pairwise order that TE's tests call order-insensitive (the golden contract:
-  RHT inputs whose bf16 result does not depend on the fp32 accumulation order).
+  Written as a broadcast product and a 16-term sum (an XLA reduce over ``axis``): one fused pass, no
+  transposes. Each product is exact (a sign and a power of two), as with the ±0.25 matrix entries,
+  so nothing can overflow where the result does not; the 16-term fp32 sum runs in XLA's reduction order.
+  On XLA:CPU this is ~2x faster than 4 add/subtract butterfly stages (each one a materialized pass) and
+  than a K=16 matmul plus the transpose back. The golden contract is unaffected: RHT cases use inputs
+  whose bf16 result does not depend on the fp32 accumulation order (the tensor-core MMA's is unspecified).
   """
-  lead, trail = xb.shape[:axis], xb.shape[axis + 1 :]
-  for h in (1, 2, 4, 8):
-    v = xb.reshape(lead + (BLOCK // (2 * h), 2, h) + trail)
-    a = lax.index_in_dim(v, 0, axis + 1, keepdims=False)
-    b = lax.index_in_dim(v, 1, axis + 1, keepdims=False)
-    xb = jnp.stack([a + b, a - b], axis=axis + 1).reshape(xb.shape)
-  return xb
-
-
-def _rht_signs(ndim, axis):
-  """``s_r / 4`` broadcastable along ``axis``: applied to the inputs first (exact), like the ±0.25 matrix
-  entries, so the sums of huge inputs (up to bf16 max) cannot overflow where the transform's result does not."""
-  shape = [1] * ndim
-  shape[axis] = BLOCK
-  return jnp.asarray((np.array(RHT_SIGNS, np.float32) * np.float32(0.25)).reshape(shape))
+  m = rht_matrix(jnp.float32)  # (r, c)
+  shape = [1] * (xb.ndim + 1)
+  shape[axis], shape[axis + 1] = BLOCK, BLOCK
+  return jnp.sum(jnp.expand_dims(xb, axis + 1) * m.reshape(shape), axis=axis)
 
 
 def _rht_plain(xb, g):
-  """RHT of the blocked ``xb`` (16-axis ``g``) when no group is tiny: FWHT(x * s / 4), one bf16 rounding."""
-  y = _fwht16(xb * _rht_signs(xb.ndim, g), g)
+  """RHT of the blocked ``xb`` (16-axis ``g``) when no group is tiny, with its one bf16 rounding."""
+  y = _rht16(xb, g)
   return round_to_bf16(y)
 
 
@@ -331,7 +322,7 @@ def _rht_exact(xb, g, tiny):
   m, k = _split_subnormal(xb)  # xb == m * 2**k, m normal or zero
   up = m * _pow2(jnp.where(k == 0, _RHT_UP, _RHT_UP - 126))
   xs = jnp.where(tiny, up, xb)
-  y = _fwht16(xs * _rht_signs(xb.ndim, g), g)
+  y = _rht16(xs, g)
   # Back to the true size with ONE bf16 rounding. Normal results: bf16 rounding commutes with the
   # power-of-two scale. Results below 2**-126: the bf16 subnormal grid is N * 2**-133 (fp32 bits N << 16),
   # i.e. N = RNE(|y'| * 2**(133 - 64)) in the scaled domain, composed from bits (no subnormal arithmetic).
