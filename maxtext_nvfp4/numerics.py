@@ -30,7 +30,13 @@ axis, 2D, RHT -- the latter wherever the 16-term fp32 RHT sums do not depend on 
 since the tensor-core MMA order is unspecified), on every backend, including inputs whose fp32 intermediates are subnormal (XLA:CPU
 flushes fp32 subnormals to zero; every step that can meet one is computed with exact integer/exponent
 arithmetic instead). Stochastic rounding matches TE only in distribution: the hardware uses Philox bits
-tied to the CUDA thread mapping, which cannot be reproduced.
+tied to the CUDA thread mapping, which cannot be reproduced; we draw 8 bits per element from a keyed
+counter hash (``_random_bytes``) and apply TE's SR formula to them exactly.
+
+Cost (why the code looks the way it does): the element path is ~15 fp32/int ops per element with no
+division (E2M1 codes straight from ``fl(x * enc)``); the tensor amax comes from the block maxima; the
+block scales touch 1/16 of the data; a GEMM operand used once (``quantize_values``) never goes through
+the 4-bit packing. ``benchmarks/profile_notes.md`` has the measurements.
 
 XLA pitfalls handled here (each one changed golden bits before it was fixed): XLA:CPU compares with
 denormals-are-zero (a subnormal amax tests ``== 0``; zero tests use the bits), flushes subnormal
