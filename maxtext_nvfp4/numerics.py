@@ -340,16 +340,35 @@ def _rht_exact(xb, g, tiny):
   return jnp.where(is_sub, y_sub, y_norm)
 
 
-def _rht_impl(x, axis):
-  x = _to_f32_exact(x)
+def _bf16_grid_to_bf16(y):
+  """fp32 values on the bf16 grid -> bf16, from the bits (a convert could flush bf16 subnormals)."""
+  b = jnp.where(jnp.isnan(y), np.uint32(0x7FC00000), _bits(y))
+  return lax.bitcast_convert_type((b >> 16).astype(jnp.uint16), jnp.bfloat16)
+
+
+def _rht_bf16(x, axis):
+  """The RHT of ``x`` along ``axis`` as a bf16 array (its values are on the bf16 grid by definition).
+
+  bf16 halves what the quantizer materializes between the transform and its two consumers (block amax,
+  element path). The ``lax.cond`` operand is ``x`` itself, so its fp32 widening fuses into each branch.
+  """
   n = x.shape[axis]
-  xb = x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
+  blocked = lambda: _to_f32_exact(x).reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
+  xb = blocked()
   gmax = jnp.max((_bits(xb) & _F32_ABS_MASK).astype(jnp.int32), axis=axis + 1, keepdims=True)
   tiny = gmax < int(np.float32(_RHT_TINY).view(np.int32))
   # Tiny groups are rare (activations/gradients below 2**-60); the exact path costs ~2x the plain one,
   # so it only runs when the tensor has one (a select of both under vmap, still exact).
-  y = lax.cond(jnp.any(tiny), lambda: _rht_exact(xb, axis + 1, tiny), lambda: _rht_plain(xb, axis + 1))
+  y = lax.cond(
+      jnp.any(tiny),
+      lambda: _bf16_grid_to_bf16(_rht_exact(blocked(), axis + 1, tiny)),
+      lambda: _bf16_grid_to_bf16(_rht_plain(blocked(), axis + 1)),
+  )
   return y.reshape(x.shape)
+
+
+def _rht_impl(x, axis):
+  return _to_f32_exact(_rht_bf16(x, axis))
 
 
 def rht(x, axis=-1):
@@ -524,7 +543,7 @@ def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht):
   if rht:
     # Materialize the RHT output once: otherwise XLA:CPU fuses its elementwise tail into both consumers
     # (block amax and element path) and recomputes it there, 4x slower overall.
-    xf = lax.optimization_barrier(_rht_impl(x, axis_n))
+    xf = _to_f32_exact(lax.optimization_barrier(_rht_bf16(x, axis_n)))
   else:
     xf = _to_f32_exact(x)
   xb, red = _blocked(xf, axis_n, block_2d)
