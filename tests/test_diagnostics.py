@@ -249,8 +249,10 @@ def _train_step_jaxpr(monkeypatch, out_dir, **overrides) -> str:
 def test_train_step_without_diagnostics_has_no_callback_or_branch(monkeypatch, tmp_path):
   off = _train_step_jaxpr(monkeypatch, tmp_path)
   on = _train_step_jaxpr(monkeypatch, tmp_path, nvfp4_diagnostics=True)
-  assert "debug_callback" not in off and "cond[" not in off
-  assert "debug_callback" in on and "cond[" in on
+  # The quantizer has conds of its own (the RHT's rare tiny-group path); diagnostics add theirs on top,
+  # each with host callbacks, and none when off.
+  assert "debug_callback" not in off
+  assert "debug_callback" in on and on.count("cond[") > off.count("cond[")
 
 
 STEPS = 3
