@@ -151,29 +151,31 @@ def _mul_exact(a, b_normal):
 
 
 def _recip_exact(s):
-  """Correctly rounded fl(1/s) for a positive normal fp32 scalar ``s``, subnormal results included."""
+  """Correctly rounded fl(1/s) for a positive normal fp32 ``s``, subnormal results included. Loop-free.
+
+  For s > 2**126 the result is subnormal: s = M * 2**(E-150) with a 24-bit integer M, so
+  1/s = (2**n / M) * 2**-149 with n = 299 - E in {45, 46}, and the subnormal encoding is
+  N = RNE(2**n / M) in (2**21, 2**23]. An fp32 division gives q within 1 of floor(2**n / M); the
+  remainder 2**n - q*M is exact in wrap-around uint32 arithmetic (2**n = 0 mod 2**32 and the true
+  remainder is below 2**26 in magnitude), which corrects q and decides the rounding. (A loop of long
+  division would be as exact, but a while loop costs a kernel launch and a host round trip per
+  iteration on GPU.)
+  """
   s = jnp.asarray(s, jnp.float32)
   b = _bits(s)
   e_field = ((b >> 23) & 0xFF).astype(jnp.int32)
   normal_result = 1.0 / jnp.minimum(s, np.float32(2.0**126))
-  # Subnormal result (s > 2**126): s = M * 2**(E-150) with a 24-bit integer M, so
-  # 1/s = 2**(299-E) / M * 2**-149 and the subnormal encoding is N = RNE(2**(299-E) / M).
-  big_m = ((b & _F32_MANT_MASK) | 0x00800000).astype(jnp.int32)
-  n_shift = 299 - e_field
-
-  def body(i, carry):
-    q, rem = carry
-    active = i < n_shift
-    rem2 = rem * 2
-    bit = (rem2 >= big_m).astype(jnp.int32)
-    q = jnp.where(active, q * 2 + bit, q)
-    rem = jnp.where(active, rem2 - bit * big_m, rem)
-    return q, rem
-
-  q, rem = lax.fori_loop(0, 48, body, (jnp.int32(0), jnp.int32(1)))
-  twice = rem * 2
-  round_up = (twice > big_m) | ((twice == big_m) & ((q & 1) == 1))
-  sub_result = _from_bits((q + round_up.astype(jnp.int32)).astype(jnp.uint32))
+  big_m = (b & _F32_MANT_MASK) | np.uint32(0x00800000)
+  n = jnp.clip(299 - e_field, 32, 60)
+  q = (_pow2(n) / big_m.astype(jnp.float32)).astype(jnp.uint32)
+  r = lax.bitcast_convert_type(np.uint32(0) - q * big_m, jnp.int32)
+  m = big_m.astype(jnp.int32)
+  low = r < 0
+  q, r = jnp.where(low, q - 1, q), jnp.where(low, r + m, r)
+  high = r >= m
+  q, r = jnp.where(high, q + 1, q), jnp.where(high, r - m, r)
+  up = (2 * r > m) | ((2 * r == m) & ((q & 1) == 1))
+  sub_result = _from_bits(q + up.astype(jnp.uint32))
   return jnp.where(s > np.float32(2.0**126), sub_result, normal_result)
 
 
@@ -346,24 +348,28 @@ def _bf16_grid_to_bf16(y):
   return lax.bitcast_convert_type((b >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
-def _rht_bf16(x, axis):
+def _rht_bf16(x, axis, branchless=None):
   """The RHT of ``x`` along ``axis`` as a bf16 array (its values are on the bf16 grid by definition).
 
   bf16 halves what the quantizer materializes between the transform and its two consumers (block amax,
-  element path). The ``lax.cond`` operand is ``x`` itself, so its fp32 widening fuses into each branch.
+  element path). Tiny groups (max |x| < 2**-60) are rare and their exact path costs ~2x the plain one:
+  on CPU a ``lax.cond`` skips it when no group is tiny (the cond operand is ``x`` itself, so the fp32
+  widening fuses into each branch); elsewhere (``branchless``; default: every non-CPU platform) the
+  exact path always runs -- it is exact for every group, and on a GPU a conditional would read its
+  predicate back to the host, stalling the stream. Both give the same bits.
   """
   n = x.shape[axis]
   blocked = lambda: _to_f32_exact(x).reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
   xb = blocked()
   gmax = jnp.max((_bits(xb) & _F32_ABS_MASK).astype(jnp.int32), axis=axis + 1, keepdims=True)
   tiny = gmax < int(np.float32(_RHT_TINY).view(np.int32))
-  # Tiny groups are rare (activations/gradients below 2**-60); the exact path costs ~2x the plain one,
-  # so it only runs when the tensor has one (a select of both under vmap, still exact).
-  y = lax.cond(
-      jnp.any(tiny),
-      lambda: _bf16_grid_to_bf16(_rht_exact(blocked(), axis + 1, tiny)),
-      lambda: _bf16_grid_to_bf16(_rht_plain(blocked(), axis + 1)),
-  )
+  exact = lambda: _bf16_grid_to_bf16(_rht_exact(blocked(), axis + 1, tiny))
+  plain = lambda: _bf16_grid_to_bf16(_rht_plain(blocked(), axis + 1))
+  branchy = lambda: lax.cond(jnp.any(tiny), exact, plain)
+  if branchless is None:
+    y = lax.platform_dependent(cpu=branchy, default=exact)
+  else:
+    y = exact() if branchless else branchy()
   return y.reshape(x.shape)
 
 

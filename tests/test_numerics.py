@@ -697,3 +697,28 @@ def test_block_values_and_global_scale():
   assert float(nv.global_decode_scale(t)) == np.float32(t.amax) / np.float32(2688)
   leaves = jax.tree_util.tree_leaves(t)
   assert len(leaves) == 3  # data, scale, amax are the pytree children; axis/2d/rht are static
+
+
+@pytest.mark.parametrize("kind", ["normal", "tiny_pow2", "tiny_clamped", "subnormal", "wide_elem", "huge", "zero_blocks"])
+def test_rht_branchless_path_equals_branchy(kind):
+  """The RHT's GPU form (exact path for every group, no conditional) gives the CPU form's bits, with and
+  without tiny groups in the tensor; a mix of tiny and normal groups takes both paths in one tensor."""
+  x = make_input(kind, (64, 128), 21, tiny_block_axis=0)
+  mixed = np.concatenate([x, make_input("tiny_pow2", (64, 128), 22)], 0)
+  for arr in (x, mixed):
+    xb = jnp.asarray(arr, jnp.bfloat16)
+    a = jax.jit(lambda v: nv._rht_bf16(v, 0, branchless=False))(xb)
+    b = jax.jit(lambda v: nv._rht_bf16(v, 0, branchless=True))(xb)
+    assert_bits_equal(np.asarray(a, np.float32), np.asarray(b, np.float32), f"{kind} rht branchless")
+    assert_bits_equal(np.asarray(a, np.float32), np.asarray(nv.rht(xb, axis=0)), f"{kind} rht default")
+
+
+def test_recip_exact_matches_ieee_including_subnormal_results():
+  """The loop-free fl(1/s): every s above 2**126 (subnormal results; numpy keeps subnormals) and normal s."""
+  rng = np.random.default_rng(0)
+  lo, hi = np.float32(2.0**126).view(np.uint32), np.finfo(np.float32).max.view(np.uint32)
+  b = np.concatenate([rng.integers(lo, hi, 100_000, dtype=np.uint64).astype(np.uint32),
+                      np.arange(lo - 20, lo + 2000, dtype=np.uint32), np.arange(hi - 2000, hi + 1, dtype=np.uint32),
+                      rng.integers(0x00800000, lo, 50_000, dtype=np.uint64).astype(np.uint32)])
+  s = b.view(np.float32)
+  assert_bits_equal(np.asarray(jax.jit(nv._recip_exact)(s)), np.float32(1) / s, "1/s")
