@@ -722,3 +722,19 @@ def test_recip_exact_matches_ieee_including_subnormal_results():
                       rng.integers(0x00800000, lo, 50_000, dtype=np.uint64).astype(np.uint32)])
   s = b.view(np.float32)
   assert_bits_equal(np.asarray(jax.jit(nv._recip_exact)(s)), np.float32(1) / s, "1/s")
+
+
+def test_gpu_lowering_of_the_quantizer_has_no_loop():
+  """On GPU a while loop costs kernel launches and a host round trip per iteration: the quantizer, lowered
+  for CUDA (lowering only, no GPU needed), has none -- not in the exact reciprocal, the RHT, or SR."""
+  x = jnp.ones((64, 128), jnp.bfloat16)
+  key = jax.random.key(0)
+  fns = {
+      "rht+sr values": lambda x, k: nv._quantize_values_impl(x, k, 0, False, True, jnp.bfloat16),
+      "1d sr": lambda x, k: nv._quantize_impl(x, k, 1, False, False),
+      "2d": lambda x, k: nv._quantize_impl(x, None, None, True, False),
+  }
+  for name, fn in fns.items():
+    text = jax.jit(fn).trace(x, key).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.while" not in text, name
+    assert "stablehlo.reduce" in text, name  # sanity: it is the quantizer's program
