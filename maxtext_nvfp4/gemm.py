@@ -42,7 +42,9 @@ NVFP4 tensor serves fprop and dgrad. When every branch's dgrad is NVFP4 (same bl
 residual is that 4-bit W (data + e4m3 scales + amax) instead of W; when every branch's wgrad is NVFP4
 (same RHT), it is the 4-bit xᵀ (tokens-blocked, RHT) quantized in the forward instead of x. Otherwise x
 and/or W are saved in their input dtype. Never both: at most what a bf16 GEMM saves. RNE is
-deterministic, so saving and re-quantizing give the same bits.
+deterministic, so saving and re-quantizing give the same bits. Operands used by one GEMM only (x for
+fprop, dy for dgrad and for wgrad) go through ``numerics.quantize_values``: the same block values, bit
+for bit, without the 4-bit packing and decode.
 
 Late switch: with ``switched`` and a traced boolean ``use_switched``, each pass whose settings differ
 between the two recipes is a ``lax.cond`` between both, so flipping the flag never recompiles
