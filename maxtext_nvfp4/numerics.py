@@ -358,8 +358,7 @@ def _rht_bf16(x, axis, branchless=None):
   exact path always runs -- it is exact for every group, and on a GPU a conditional would read its
   predicate back to the host, stalling the stream. Both give the same bits.
   """
-  n = x.shape[axis]
-  blocked = lambda: _to_f32_exact(x).reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :])
+  blocked = lambda: _blocked(_to_f32_exact(x), axis, False)[0]
   xb = blocked()
   gmax = jnp.max((_bits(xb) & _F32_ABS_MASK).astype(jnp.int32), axis=axis + 1, keepdims=True)
   tiny = gmax < int(np.float32(_RHT_TINY).view(np.int32))

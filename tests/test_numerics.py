@@ -227,15 +227,12 @@ def assert_bits_equal(ours, ref, what):
     pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {idx}: ours {ours[idx]!r} vs ref {ref[idx]!r}")
 
 
+# The quantize() arguments of each mode.
+_MODE_KW = {"row": dict(axis=1), "col": dict(axis=0), "2d": dict(block_2d=True), "rht_col": dict(axis=0, rht=True)}
+
+
 def quantize_mode(x, mode, **kw):
-  xb = jnp.asarray(x).astype(jnp.bfloat16)
-  if mode == "row":
-    return nv.quantize(xb, axis=1, **kw)
-  if mode == "col":
-    return nv.quantize(xb, axis=0, **kw)
-  if mode == "2d":
-    return nv.quantize(xb, block_2d=True, **kw)
-  return nv.quantize(xb, axis=0, rht=True, **kw)
+  return nv.quantize(jnp.asarray(x).astype(jnp.bfloat16), **_MODE_KW[mode], **kw)
 
 
 def check_against(t, q, s8, amax, name):
@@ -314,9 +311,6 @@ def test_matches_reference_all_kinds(kind, mode):
   check_against(t, q, s8, amax, f"{kind}/{mode}")
   if mode == "rht_col":
     assert_bits_equal(nv.rht(jnp.asarray(x).astype(jnp.bfloat16), axis=0), rht_ref(x, 0), f"{kind} rht")
-
-
-_MODE_KW = {"row": dict(axis=1), "col": dict(axis=0), "2d": dict(block_2d=True), "rht_col": dict(axis=0, rht=True)}
 
 
 @pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
