@@ -6,7 +6,7 @@ The MLP is MaxText's llama block MLP on flattened tokens::
 
 Variants (each GEMM of the MLP replaced by):
   bf16      ``lax.dot_general`` on bf16 operands (what MaxText runs without quantization)
-  nvfp4     ``maxtext_nvfp4.gemm.dot_general`` with the full TE recipe (``GemmRecipe()``: 1x16 RNE x,
+  nvfp4     ``maxtext_nvfp4.core.gemm.dot_general`` with the full TE recipe (``GemmRecipe()``: 1x16 RNE x,
             16x16 W, SR dy, RHT16 wgrad), one SR key per GEMM
   fp8       ``gemm.dot_general`` with fprop/dgrad/wgrad = "fp8" (TE per-tensor current scaling, HYBRID)
   sdg       ``jax.nn.scaled_dot_general`` with JAX's nvfp4 config (1x16 RNE, no 2D/RHT/SR, one static
@@ -57,7 +57,7 @@ from jax import lax
 # Allow `python benchmarks/mlp_bench.py` from a checkout without installing the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from maxtext_nvfp4 import gemm  # pylint: disable=wrong-import-position
+from maxtext_nvfp4.core import gemm  # pylint: disable=wrong-import-position
 
 VARIANTS = ("bf16", "nvfp4", "fp8", "sdg")
 # Ablations of the NVFP4 recipe (profiling: what each feature costs). Not run by default.

@@ -1,6 +1,6 @@
 """Micro-benchmark of the NVFP4 quantizer: throughput in GB/s of (bf16) input.
 
-Times ``maxtext_nvfp4.numerics.quantize`` -- 1D (1x16 along the last axis), 2D (16x16) and RHT (1x16
+Times ``maxtext_nvfp4.core.nvfp4.quantize`` -- 1D (1x16 along the last axis), 2D (16x16) and RHT (1x16
 along axis 0 after the 16-point RHT, the wgrad path) -- and a plain elementwise copy (``-x``: reads and
 writes every element once) of the same array, in the same process on the same device, so the ratio
 quantize/copy is meaningful on any machine. Every function is jitted and compiled before timing;
@@ -24,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from maxtext_nvfp4 import numerics as nv
+from maxtext_nvfp4.core import nvfp4 as nv
 
 MODES = {
     "copy": lambda x: -x,

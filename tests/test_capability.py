@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from maxtext_nvfp4 import capability
-from maxtext_nvfp4.capability import BackendError, choose_backend
+from maxtext_nvfp4.backends import capability
+from maxtext_nvfp4.backends.capability import BackendError, choose_backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ def test_unknown_backend_rejected():
 
 def test_real_cpu_host_picks_emulate_without_importing_te():
   code = (
-      "import sys; from maxtext_nvfp4 import capability as c; ch = c.choose_backend('auto'); "
+      "import sys; from maxtext_nvfp4.backends import capability as c; ch = c.choose_backend('auto'); "
       "assert ch.name == 'emulate', ch; assert 'not a GPU' in ch.reason, ch; "
       "assert not [m for m in sys.modules if m.startswith('transformer_engine')]; print(ch.reason)"
   )

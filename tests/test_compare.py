@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from maxtext_nvfp4 import compare, plots
-from maxtext_nvfp4.cli import main as cli
+from maxtext_nvfp4.tools import compare
+from maxtext_nvfp4.tools import plots
+from maxtext_nvfp4.tools.cli import main as cli
 
 N = 50  # steps per run; default warm-up = max(1, 50 // 10) = 5 -> steps 0..5 skipped, 6..49 measured
 

@@ -12,7 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from maxtext_nvfp4 import data
+from maxtext_nvfp4.tools import data
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -154,7 +154,7 @@ def test_llama3_tokenizer_is_copied_next_to_the_data(tmp_path):
 
 
 def _cli(args, cwd):
-  return subprocess.run([sys.executable, "-m", "maxtext_nvfp4.cli", "prepare-data", "--quiet", *args], cwd=cwd,
+  return subprocess.run([sys.executable, "-m", "maxtext_nvfp4", "prepare-data", "--quiet", *args], cwd=cwd,
                         capture_output=True, text=True, timeout=120)
 
 

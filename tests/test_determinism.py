@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_nvfp4 import gemm, maxtext_plugin
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.core import plan as plan_lib
+from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_helpers import read_metrics, tiny_argv
 
 # Same model/steps/learning rate as tests/test_reliability_checkpoint.py, so the compiled step is
@@ -30,7 +32,7 @@ def test_two_identical_runs_are_bitwise_identical(tmp_path):
 
   out = str(tmp_path)
   cfg = pyconfig.initialize(tiny_argv(out, run_name="a", quantization="nvfp4", **SMALL))
-  s = maxtext_plugin.settings_of(cfg)
+  s = settings_lib.from_config(cfg)
   assert s.stochastic_rounding and s.rht  # randomness is really in play
   runs = []
   for name in ("a", "b"):
@@ -47,13 +49,13 @@ def test_two_identical_runs_are_bitwise_identical(tmp_path):
 
 def test_sr_key_depends_only_on_seed_step_layer_role():
   data = lambda k: np.asarray(jax.random.key_data(k))
-  base = data(maxtext_plugin.sr_key(0, 3, 1, "wo"))
+  base = data(plan_lib.sr_key(0, 3, 1, "wo"))
   # Same inputs, traced or not: the same key (nothing else feeds it).
-  assert np.array_equal(base, data(maxtext_plugin.sr_key(0, 3, 1, "wo")))
-  assert np.array_equal(base, data(jax.jit(lambda s: maxtext_plugin.sr_key(0, s, 1, "wo"))(jnp.int32(3))))
+  assert np.array_equal(base, data(plan_lib.sr_key(0, 3, 1, "wo")))
+  assert np.array_equal(base, data(jax.jit(lambda s: plan_lib.sr_key(0, s, 1, "wo"))(jnp.int32(3))))
   # Each input changes it.
   for other in [(1, 3, 1, "wo"), (0, 4, 1, "wo"), (0, 3, 0, "wo"), (0, 3, 1, "wi_0")]:
-    assert not np.array_equal(base, data(maxtext_plugin.sr_key(*other))), other
+    assert not np.array_equal(base, data(plan_lib.sr_key(*other))), other
 
 
 def test_sr_gemm_is_reproducible_for_a_key_and_varies_across_keys():
@@ -68,9 +70,9 @@ def test_sr_gemm_is_reproducible_for_a_key_and_varies_across_keys():
                                      x, w)[1](dy))
     return [np.asarray(g, np.float32) for g in f(x, w)]
 
-  k = maxtext_plugin.sr_key(0, 7, 1, "wi_0")
+  k = plan_lib.sr_key(0, 7, 1, "wi_0")
   g1, g2 = grads(k), grads(k)
   for a, b in zip(g1, g2):
     assert np.array_equal(a, b)
-  g3 = grads(maxtext_plugin.sr_key(0, 8, 1, "wi_0"))
+  g3 = grads(plan_lib.sr_key(0, 8, 1, "wi_0"))
   assert not np.array_equal(g1[0], g3[0]) and not np.array_equal(g1[1], g3[1])

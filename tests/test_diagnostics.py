@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_nvfp4 import diagnostics as diag
-from maxtext_nvfp4 import gemm, maxtext_plugin
+from maxtext_nvfp4.core import diagnostics as diag
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.core import plan as plan_lib
+from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import read_metrics, tiny_argv
 
 TINY = 2.0**-20
@@ -165,11 +168,11 @@ DIMS = (((1,), (0,)), ((), ()))
 
 
 def _module_loss(diag_group, recipe):
-  mod = maxtext_plugin._linen_module_class()(recipe=recipe, layer=1, role="wi_0", seed=0,  # pylint: disable=protected-access
+  mod = quantization._linen_module_class()(recipe=recipe, layer=1, role="wi_0", seed=0,  # pylint: disable=protected-access
                                              diag_group=diag_group, diag_interval=2)
 
   def loss(x, w, step):
-    with maxtext_plugin.step_context(step, training=True):
+    with step_lib.step_context(step, training=True):
       y = mod.apply({}, x, w, DIMS)
     return jnp.sum(y.astype(jnp.float32) * jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape) / y.size)
 
@@ -178,7 +181,7 @@ def _module_loss(diag_group, recipe):
 
 def _direct_loss(recipe):
   def loss(x, w, step):  # what the module computed before diagnostics existed
-    y = gemm.dot_general(x, w, DIMS, recipe=recipe, key=maxtext_plugin.sr_key(0, jnp.asarray(step, jnp.int32), 1, "wi_0"))
+    y = gemm.dot_general(x, w, DIMS, recipe=recipe, key=plan_lib.sr_key(0, jnp.asarray(step, jnp.int32), 1, "wi_0"))
     return jnp.sum(y.astype(jnp.float32) * jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape) / y.size)
 
   return jax.value_and_grad(loss, argnums=(0, 1))
@@ -265,10 +268,10 @@ def diag_run(tmp_path_factory):
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
 
   diag.AGGREGATOR.clear()
-  maxtext_plugin.traced_gemms(reset=True)
+  quantization.traced_gemms(reset=True)
   train.main(tiny_argv(out, run_name="diag", steps=STEPS, quantization="nvfp4", nvfp4_targets="mlp",
                        nvfp4_diagnostics=True, nvfp4_diagnostics_interval=INTERVAL))
-  return {"metrics": read_metrics(os.path.join(out, "diag.jsonl")), "traced": maxtext_plugin.traced_gemms()}
+  return {"metrics": read_metrics(os.path.join(out, "diag.jsonl")), "traced": quantization.traced_gemms()}
 
 
 @pytest.mark.slow

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from maxtext_nvfp4 import doctor
+from maxtext_nvfp4.tools import doctor
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def _run(*args):
-  return subprocess.run([sys.executable, "-m", "maxtext_nvfp4.cli", "doctor", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "maxtext_nvfp4", "doctor", *args], capture_output=True,
                         text=True, env=ENV, timeout=120)
 
 
@@ -110,7 +110,7 @@ def test_kept_layers_need_scan_layers_false_by_maxtext_default(tmp_path):
 
 
 def test_tolerates_missing_patching_module(monkeypatch):
-  monkeypatch.setitem(sys.modules, "maxtext_nvfp4.patching", None)
+  monkeypatch.setitem(sys.modules, "maxtext_nvfp4.tools.patching", None)
   r = doctor.collect()
   assert r["maxtext"]["patch"]["state"] == "unavailable"
   assert "Backend auto: emulate" in doctor.format_human(r)

@@ -1,4 +1,4 @@
-"""Tests of the exact FP8 current-scaling emulation (maxtext_nvfp4/fp8.py) against ml_dtypes casts."""
+"""Tests of the exact FP8 current-scaling emulation (maxtext_nvfp4/core/fp8.py) against ml_dtypes casts."""
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxtext_nvfp4 import fp8
+from maxtext_nvfp4.core import fp8
 
 _ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 _MAX = {"e4m3": 448.0, "e5m2": 57344.0}

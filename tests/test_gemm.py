@@ -1,4 +1,4 @@
-"""Tests of the emulated NVFP4 GEMM recipe (maxtext_nvfp4/gemm.py) against independent constructions.
+"""Tests of the emulated NVFP4 GEMM recipe (maxtext_nvfp4/core/gemm.py) against independent constructions.
 
 References are built from the numerics module's public API: quantize both operands as TE does for that
 GEMM, ``dequantize`` them, and multiply in float64. The recipe's fp32 result must agree to fp32
@@ -12,7 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxtext_nvfp4 import fp8, gemm, numerics
+from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.core import nvfp4 as numerics
 
 # Jitted entry points: eager op-by-op dispatch of the quantizer is far slower than compiling it once.
 _quantize = jax.jit(numerics.quantize, static_argnames=("axis", "block_2d", "rht"))

@@ -15,7 +15,7 @@ _SCRIPT = textwrap.dedent(
     import json
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from maxtext_nvfp4 import gemm
+    from maxtext_nvfp4.core import gemm
 
     assert jax.device_count() == 8, jax.devices()
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tp"))

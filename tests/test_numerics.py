@@ -1,4 +1,4 @@
-"""Tests of maxtext_nvfp4.numerics: bit-exactness with TE's NVFP4 quantizer, rounding, SR, bad input.
+"""Tests of maxtext_nvfp4.core.nvfp4: bit-exactness with TE's NVFP4 quantizer, rounding, SR, bad input.
 
 Bit-exactness is checked two ways:
   * against the public golden vectors from TE's reference (``shared/golden``, located through
@@ -19,11 +19,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxtext_nvfp4 import numerics as nv
+from maxtext_nvfp4.core import nvfp4 as nv
 
 # ================================================================================================
 # Independent reference (numpy + ml_dtypes). Written from shared/reference/nvfp4_numerics.md
-# §2.1/§2.2/§4 and the golden README's numpy sketch; shares no code with maxtext_nvfp4.numerics.
+# §2.1/§2.2/§4 and the golden README's numpy sketch; shares no code with maxtext_nvfp4.core.nvfp4.
 # ================================================================================================
 f32 = np.float32
 FLT_MAX = np.finfo(f32).max

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from maxtext_nvfp4 import cli, patching, settings
+from maxtext_nvfp4.tools import cli
+from maxtext_nvfp4.tools import patching
+from maxtext_nvfp4.core import settings
 
 REPO = Path(__file__).resolve().parents[1]
 SERIES_DIR = REPO / "patches" / "maxtext-0.2.5"
@@ -165,7 +167,7 @@ def test_committed_series_matches_a_regeneration_from_settings(tmp_path, series)
   out = patching.build_series(INSTALLED, tmp_path / "gen")
   regenerated = [patching.parse_patch(p.read_text(encoding="utf-8"), p.name) for p in sorted(out)]
   assert regenerated == series, (
-      "patches/maxtext-0.2.5 is stale: run `python -m maxtext_nvfp4.patching --write-series"
+      "patches/maxtext-0.2.5 is stale: run `python -m maxtext_nvfp4.tools.patching --write-series"
       " <pristine maxtext pkg dir> patches/maxtext-0.2.5`"
   )
 

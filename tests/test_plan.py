@@ -2,8 +2,8 @@
 
 import pytest
 
-from maxtext_nvfp4 import plan
-from maxtext_nvfp4.settings import Nvfp4Settings
+from maxtext_nvfp4.core import plan
+from maxtext_nvfp4.core.settings import Nvfp4Settings
 
 ROLES = plan.decoder_roles()
 

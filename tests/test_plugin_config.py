@@ -6,7 +6,9 @@ import sys
 import pytest
 
 import maxtext_nvfp4
-from maxtext_nvfp4 import maxtext_plugin, settings
+from maxtext_nvfp4.core import settings as settings_lib
+from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.core import settings
 from maxtext_helpers import tiny_argv
 
 from maxtext.configs import pyconfig  # pylint: disable=wrong-import-order
@@ -60,7 +62,7 @@ def test_every_key_accepted_on_the_cli():
   c = _config(quantization="nvfp4", steps=5, base_num_decoder_layers=4, **NON_DEFAULT)
   for key, v in NON_DEFAULT.items():
     assert getattr(c, key) == v, key
-  s = maxtext_plugin.settings_of(c)
+  s = settings_lib.from_config(c)
   assert s.fallback == "fp8" and s.two_d_weights is False and s.switch_step(5) == 2
 
 
@@ -70,7 +72,7 @@ def test_keys_accepted_in_yaml(tmp_path):
                  "nvfp4_fallback: fp8\n")
   c = pyconfig.initialize(tiny_argv(config=str(yml), steps=4))
   assert c.quantization == "nvfp4" and c.nvfp4_targets == "attention" and c.nvfp4_fallback == "fp8"
-  assert maxtext_plugin.settings_of(c).switch_step(c.steps) == 2
+  assert settings_lib.from_config(c).switch_step(c.steps) == 2
 
 
 @pytest.mark.parametrize(
@@ -141,7 +143,7 @@ def test_nvfp4_routed_to_our_quantization():
   q = quantizations.configure_quantization(c)
   assert isinstance(q, quantizations.Quantization) and q.needs_apply_rngs is False
   assert q.num_layers == 3 and q.settings == settings.Nvfp4Settings(backend="emulate")
-  assert maxtext_plugin.make_quantization(c) == q  # fresh object, same configuration
+  assert quantization.make_quantization(c) == q  # fresh object, same configuration
 
 
 def test_train_cli_config_error_exits_2_with_one_line():

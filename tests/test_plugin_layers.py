@@ -7,7 +7,11 @@ import pytest
 from flax import nnx
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_nvfp4 import gemm, maxtext_plugin, plan
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.core import settings as settings_lib
+from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import step as step_lib
+from maxtext_nvfp4.core import plan
 from maxtext_helpers import tiny_argv
 
 from maxtext.configs import pyconfig  # pylint: disable=wrong-import-order
@@ -43,7 +47,7 @@ def _config(**overrides):
 def _quantized_modules(config):
   """``{module path: Nvfp4DotGeneral}`` of an abstract (shape-only) model built by MaxText."""
   _, model = model_creation_utils.create_nnx_abstract_model(config)
-  cls = maxtext_plugin._linen_module_class()  # pylint: disable=protected-access
+  cls = quantization._linen_module_class()  # pylint: disable=protected-access
   found = {}
   for path, node in nnx.iter_graph(model):
     if isinstance(node, nnx.Module) and isinstance(getattr(node, "to_nnx__module", None), cls):
@@ -72,7 +76,7 @@ def test_only_decoder_projections_are_quantized(unscanned):
 
 
 def test_recipes_follow_the_plan(unscanned):
-  s = maxtext_plugin.settings_of(_config(nvfp4_keep_first_layers=1, nvfp4_targets="mlp", nvfp4_switch_at_step=2,
+  s = settings_lib.from_config(_config(nvfp4_keep_first_layers=1, nvfp4_targets="mlp", nvfp4_switch_at_step=2,
                                          nvfp4_switch_scope="all"))
   for m in unscanned.values():
     nvfp4 = m.layer >= 1 and m.role in plan.MLP_ROLES
@@ -140,7 +144,7 @@ def test_kept_layer_equals_fallback_exactly_and_nvfp4_layer_differs(fallback):
     fp8 = gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(fprop="fp8", dgrad="fp8", wgrad="fp8"))
     np.testing.assert_array_equal(np.asarray(kept, np.float32), np.asarray(fp8, np.float32))
     assert not np.array_equal(np.asarray(kept, np.float32), np.asarray(plain, np.float32))
-  nv = gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(), key=maxtext_plugin.sr_key(0, 0, 1, "wi_0"))
+  nv = gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(), key=plan.sr_key(0, 0, 1, "wi_0"))
   np.testing.assert_array_equal(np.asarray(quant, np.float32), np.asarray(nv, np.float32))
   assert not np.array_equal(np.asarray(quant, np.float32), np.asarray(plain, np.float32))
   assert quant.dtype == plain.dtype == kept.dtype
@@ -157,7 +161,7 @@ def _dgrad(module, step):
   x, w, dn = _mlp_operands()
 
   def loss(x):
-    with maxtext_plugin.step_context(step):
+    with step_lib.step_context(step):
       return jnp.sum(module.apply({}, x, w, dn).astype(jnp.float32) * jnp.arange(128, dtype=jnp.float32))
 
   return np.asarray(jax.jit(jax.grad(loss))(x), np.float32)
@@ -176,7 +180,7 @@ def test_sr_randomness_fresh_per_step_and_layer_and_reproducible():
 def test_sr_key_is_the_documented_fold_in_chain():
   k = jax.random.key(3, impl="threefry2x32")
   want = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(k, 5), 2), plan.ROLE_IDS["wo"])
-  got = maxtext_plugin.sr_key(3, 5, 2, "wo")
+  got = plan.sr_key(3, 5, 2, "wo")
   np.testing.assert_array_equal(jax.random.key_data(got), jax.random.key_data(want))
 
 
@@ -190,7 +194,7 @@ def test_switch_selects_the_switched_recipe_by_traced_step():
   @jax.jit
   def fwd(step):
     traces.append(1)
-    with maxtext_plugin.step_context(step):
+    with step_lib.step_context(step):
       return m.apply({}, x, w, dn)
 
   before = [np.asarray(fwd(jnp.int32(s)), np.float32) for s in (0, 1)]
@@ -206,13 +210,13 @@ def test_step_wrapper_publishes_the_optimizer_step():
   seen = []
 
   def train_step(model, config, state_mesh_shardings, params_shardings, state, data, dropout_rng=None):
-    seen.append(maxtext_plugin.current_step())
+    seen.append(step_lib.current_step())
     return state
 
-  wrapped = maxtext_plugin._with_step(train_step)  # pylint: disable=protected-access
+  wrapped = step_lib.with_step(train_step)  # pylint: disable=protected-access
   wrapped(None, None, None, None, {"optimizer": {"step": 7}}, None)
   wrapped(None, None, None, None, state={"optimizer": {"step": 9}}, data=None)
-  assert seen == [7, 9] and maxtext_plugin.current_step() is None
+  assert seen == [7, 9] and step_lib.current_step() is None
 
 
 def test_no_state_added_to_the_model():
@@ -228,9 +232,10 @@ def test_no_state_added_to_the_model():
 
 def test_te_plan_counts_like_the_emulation():
   c = _config(nvfp4_keep_first_layers=1, nvfp4_targets="attention")
-  s = maxtext_plugin.settings_of(c)
-  p = maxtext_plugin.TePlan(settings=s, num_layers=3)
+  s = settings_lib.from_config(c)
+  fresh = lambda: plan.FpropPlan(settings=s, locator=plan.GemmLocator(num_layers=3))  # noqa: E731
+  p = fresh()
   got = [p(axes) for _ in range(3) for axes in LAYER_AXES]
   want = [("nvfp4" if l >= 1 and r in plan.ATTENTION_ROLES else "bf16") for l in range(3) for r in plan.decoder_roles()]
   assert got == want
-  assert p == maxtext_plugin.TePlan(settings=s, num_layers=3) and hash(p) == hash(maxtext_plugin.TePlan(settings=s, num_layers=3))
+  assert p == fresh() and hash(p) == hash(fresh())

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 import maxtext_nvfp4  # registers the plugin  # pylint: disable=unused-import
-from maxtext_nvfp4 import data, recipes, settings
+from maxtext_nvfp4.tools import data
+from maxtext_nvfp4.tools import recipes
+from maxtext_nvfp4.core import settings
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(REPO, "recipes")
@@ -43,7 +45,7 @@ def configs():
   """
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
 
-  from maxtext_nvfp4 import capability  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
 
   mp = pytest.MonkeyPatch()
   real = capability.choose_backend
@@ -269,7 +271,7 @@ def test_demo_pair_trains_on_the_embedded_corpus(tmp_path):
   import sys  # pylint: disable=import-outside-toplevel
 
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-  r = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.cli", "prepare-data", "--quiet", "--max-mb", "0.5"],
+  r = subprocess.run([sys.executable, "-m", "maxtext_nvfp4", "prepare-data", "--quiet", "--max-mb", "0.5"],
                      cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
   assert r.returncode == 0, r.stderr
   (tmp_path / "runs").mkdir()
@@ -303,7 +305,7 @@ def test_detect_hardware_does_not_start_jax():
   import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
 
-  code = ("import sys; from maxtext_nvfp4 import recipes; te, cc = recipes.detect_hardware(); "
+  code = ("import sys; from maxtext_nvfp4.tools import recipes; te, cc = recipes.detect_hardware(); "
           "print(type(te).__name__, cc, 'jax' in sys.modules)")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
   te, cc, jax_loaded = r.stdout.split()

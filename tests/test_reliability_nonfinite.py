@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_nvfp4 import gemm, maxtext_plugin
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import tiny_argv
 
 NVFP4 = gemm.GemmRecipe()  # TE defaults: RHT, SR, 2D weights
@@ -225,7 +227,7 @@ def test_maxtext_quant_module_propagates_nan(config):
 
   @jax.jit
   def run(x, w, dy):
-    with maxtext_plugin.step_context(jnp.int32(5)):
+    with step_lib.step_context(jnp.int32(5)):
       y, pull = jax.vjp(lambda x, w: module.apply({}, x, w, dn), x, w)
     return (y, *pull(dy))
 
@@ -257,7 +259,7 @@ def test_maxtext_model_loss_and_grads_are_nan_with_a_nan_weight():
   @nnx.jit
   def loss_and_grads(model):
     def loss_fn(m):
-      with maxtext_plugin.step_context(jnp.int32(0)):
+      with step_lib.step_context(jnp.int32(0)):
         logits = m(tokens, positions, decoder_segment_ids=jnp.ones_like(tokens), enable_dropout=False)
       logp = jax.nn.log_softmax(logits.astype(jnp.float32)[:, :-1])
       return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
@@ -267,7 +269,7 @@ def test_maxtext_model_loss_and_grads_are_nan_with_a_nan_weight():
   loss, grads = loss_and_grads(model)
   assert np.isfinite(float(loss))
   assert all(_all_finite(g) for g in jax.tree_util.tree_leaves(grads))
-  traced = maxtext_plugin.traced_gemms()
+  traced = quantization.traced_gemms()
   assert {(l, r) for (l, r, p, _) in traced if p == ("nvfp4",) * 3} >= {(0, "wi_0"), (0, "wi_1"), (0, "wo")}
 
   kernel = model.decoder.layers_0.mlp.wi_0.kernel

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from maxtext_nvfp4 import reproduce
-from maxtext_nvfp4.cli import main as cli
+from maxtext_nvfp4.tools import reproduce
+from maxtext_nvfp4.tools.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_nvfp4 import gemm, maxtext_plugin
+from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import losses, tiny_argv
 
 pytestmark = pytest.mark.slow
@@ -55,7 +57,7 @@ def runs(tmp_path_factory):
     seen[label[0]].setdefault(int(step), set()).add(bool(use_switched))
 
   def recording_dot_general(lhs, rhs, dn, **kw):
-    step = maxtext_plugin.current_step()
+    step = step_lib.current_step()
     if step is not None and kw.get("use_switched") is not None:
       jax.debug.callback(record, step, kw["use_switched"])
     return orig(lhs, rhs, dn, **kw)
@@ -69,9 +71,9 @@ def runs(tmp_path_factory):
     ]:
       label[0] = name
       seen[name] = {}
-      maxtext_plugin.traced_gemms(reset=True)
+      quantization.traced_gemms(reset=True)
       _train(tiny_argv(out, run_name=name, steps=STEPS, **overrides))
-      result[name] = {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": maxtext_plugin.traced_gemms()}
+      result[name] = {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": quantization.traced_gemms()}
 
     ckpt_dir = os.path.join(out, "nvfp4", "checkpoints")
     result["checkpoints"] = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
@@ -80,9 +82,9 @@ def runs(tmp_path_factory):
         shutil.rmtree(os.path.join(ckpt_dir, d))
     label[0] = "resumed"
     seen["resumed"] = {}
-    maxtext_plugin.traced_gemms(reset=True)
+    quantization.traced_gemms(reset=True)
     _train(tiny_argv(out, run_name="nvfp4", steps=STEPS, metrics_file=os.path.join(out, "resumed.jsonl"), **NVFP4))
-    result["resumed"] = {"losses": losses(os.path.join(out, "resumed.jsonl")), "traced": maxtext_plugin.traced_gemms()}
+    result["resumed"] = {"losses": losses(os.path.join(out, "resumed.jsonl")), "traced": quantization.traced_gemms()}
   finally:
     gemm.dot_general = orig
   result["seen"] = seen

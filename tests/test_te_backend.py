@@ -20,7 +20,10 @@ import pytest
 from flax import linen as nn
 from flax import nnx
 
-from maxtext_nvfp4 import capability, settings as settings_mod, te_backend
+from maxtext_nvfp4.backends import capability
+from maxtext_nvfp4.core import settings as settings_mod
+from maxtext_nvfp4.backends import te as te_backend
+from maxtext_nvfp4.integration import te_quantization
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,14 +134,14 @@ def test_rng_streams_needed_follows_stochastic_rounding():
 def test_switch_is_rejected_for_te_in_one_line(fake_te):
   s = settings_mod.Nvfp4Settings(switch_at_step=0.8)
   with pytest.raises(capability.BackendError) as e:
-    te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+    te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
   msg = str(e.value)
   assert "\n" not in msg and "emulate-only" in msg and "nvfp4_backend=emulate" in msg
 
 
 def test_wiring_recipe_toggles_reach_te_recipe(fake_te):
   s = settings_mod.Nvfp4Settings(rht=False, stochastic_rounding=False, two_d_weights=True)
-  q = te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  q = te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
   assert isinstance(q, _te_base())
   assert q._recipe == FakeNVFP4BlockScaling(disable_rht=True, disable_stochastic_rounding=True,
                                             disable_2d_quantization=False)
@@ -146,8 +149,8 @@ def test_wiring_recipe_toggles_reach_te_recipe(fake_te):
   # MaxText's own block-size rule still applies (isinstance on the recipe).
   assert q.get_block_size() == 128
   # Rebuilt objects compare equal (MaxText calls configure_quantization several times per run).
-  assert q == te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
-  assert hash(q) == hash(te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan()))
+  assert q == te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  assert hash(q) == hash(te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan()))
 
 
 def _dense(quant, kernel_axes, rngs, n_in=32, n_out=32):
@@ -160,7 +163,7 @@ def _dense(quant, kernel_axes, rngs, n_in=32, n_out=32):
 def test_wiring_plan_routes_each_projection_through_maxtext_dense_general(fake_te):
   """Real MaxText DenseGeneral + our adapter + fake TE: plan honoured, bf16 GEMMs bypass TE."""
   s = settings_mod.Nvfp4Settings(seed=7)
-  q = te_backend.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
+  q = te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
   rngs = nnx.Rngs(params=0, dropout=1, aqt=2)
   x = jax.random.normal(jax.random.PRNGKey(0), (4, 32), jnp.bfloat16)
 
@@ -191,8 +194,8 @@ def test_wiring_plan_routes_each_projection_through_maxtext_dense_general(fake_t
 
 def test_wiring_sr_rng_is_served_from_aqt_stream_seeded_and_fresh_each_call(fake_te):
   """TE's make_rng('sr_rng') -> fold_in(aqt stream key, nvfp4_seed); the stream advances per call."""
-  base = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=0), MlpOnlyPlan())
-  seeded = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=5), MlpOnlyPlan())
+  base = te_quantization.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=0), MlpOnlyPlan())
+  seeded = te_quantization.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(seed=5), MlpOnlyPlan())
   assert base.needs_apply_rngs and seeded.needs_apply_rngs
   x = jnp.ones((4, 32), jnp.bfloat16)
 
@@ -217,7 +220,7 @@ def test_wiring_sr_rng_is_served_from_aqt_stream_seeded_and_fresh_each_call(fake
 
 
 def test_wiring_bad_plan_value_is_reported(fake_te):
-  q = te_backend.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(), lambda axes: "int8")
+  q = te_quantization.make_te_quantization(_te_base(), _config(), settings_mod.Nvfp4Settings(), lambda axes: "int8")
   with pytest.raises(ValueError, match="expected one of nvfp4, bf16, fp8"):
     q.dot_general_cls(("embed", "mlp"))
 
@@ -253,7 +256,7 @@ def test_te_backend_traces_the_same_tensor_ops_as_maxtext_te_nvfp4(fake_te):
 
   base_cls = _te_base()
   theirs = base_cls(types.SimpleNamespace(quantization="te_nvfp4", te_comm_gemm_overlap="disabled"))
-  ours = te_backend.make_te_quantization(base_cls, _config(), settings_mod.Nvfp4Settings(), lambda axes: "nvfp4")
+  ours = te_quantization.make_te_quantization(base_cls, _config(), settings_mod.Nvfp4Settings(), lambda axes: "nvfp4")
   x = jax.random.normal(jax.random.PRNGKey(0), (8, 32), jnp.bfloat16)
 
   def traced(quant, kernel_axes):
@@ -279,7 +282,7 @@ def test_te_backend_traces_the_same_tensor_ops_as_maxtext_te_nvfp4(fake_te):
 def test_adapter_module_does_not_import_te_or_maxtext():
   import subprocess  # pylint: disable=import-outside-toplevel
 
-  code = ("import sys, maxtext_nvfp4.te_backend, maxtext_nvfp4.capability; "
+  code = ("import sys, maxtext_nvfp4.backends.te, maxtext_nvfp4.backends.capability; "
           "bad = [m for m in sys.modules if m.startswith(('transformer_engine', 'maxtext.'))]; "
           "assert not bad, bad")
   subprocess.run([sys.executable, "-c", code], check=True)
@@ -300,7 +303,7 @@ def _blackwell_with_te() -> bool:
 def test_real_te_dense_general_nvfp4_close_to_bf16():
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
 
-  q = te_backend.make_te_quantization(quantizations.TransformerEngineQuantization, _config(),
+  q = te_quantization.make_te_quantization(quantizations.TransformerEngineQuantization, _config(),
                                       settings_mod.Nvfp4Settings(), MlpOnlyPlan())
   layer = _dense(q, ("embed", "mlp"), nnx.Rngs(params=0, dropout=1, aqt=2), n_in=256, n_out=256)
   x = jax.random.normal(jax.random.PRNGKey(0), (128, 256), jnp.bfloat16)
@@ -313,7 +316,7 @@ def test_real_te_dense_general_nvfp4_close_to_bf16():
 @pytest.mark.blackwell
 @pytest.mark.skipif(not _blackwell_with_te(), reason="needs Transformer Engine and a GPU with compute capability >= 10.0")
 def test_real_te_verify_hardware_passes():
-  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import verify_hardware  # pylint: disable=import-outside-toplevel
 
   assert verify_hardware.cli_main(["--json"]) == 0
 
@@ -323,7 +326,7 @@ def test_real_te_verify_hardware_passes():
 # that lays results out as TE does (colwise data transposed, 2D scales broadcast to 1x16 rows).
 # ----------------------------------------------------------------------------------------------
 def _install_fake_te_quantize(monkeypatch, *, flip_one=False, sr_zeros=False, gemm_scale=1.0):
-  from maxtext_nvfp4 import numerics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import nvfp4 as numerics  # pylint: disable=import-outside-toplevel
 
   ns = types.SimpleNamespace
 
@@ -385,7 +388,7 @@ def _by_name(results):
 
 
 def test_verify_hardware_wiring_all_checks_pass_against_a_faithful_fake(monkeypatch):
-  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import verify_hardware  # pylint: disable=import-outside-toplevel
 
   _install_fake_te_quantize(monkeypatch)
   res = verify_hardware.run_checks(m=64, k=128, n=128, seed=1, sr_draws=4)
@@ -397,7 +400,7 @@ def test_verify_hardware_wiring_all_checks_pass_against_a_faithful_fake(monkeypa
 
 
 def test_verify_hardware_wiring_detects_broken_kernels(monkeypatch):
-  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import verify_hardware  # pylint: disable=import-outside-toplevel
 
   _install_fake_te_quantize(monkeypatch, flip_one=True, sr_zeros=True, gemm_scale=1.02)
   by = _by_name(verify_hardware.run_checks(m=64, k=128, n=128, seed=1, sr_draws=4))
@@ -410,7 +413,7 @@ def test_verify_hardware_wiring_detects_broken_kernels(monkeypatch):
 
 
 def test_verify_hardware_exits_2_with_reason_off_blackwell():
-  from maxtext_nvfp4 import verify_hardware  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import verify_hardware  # pylint: disable=import-outside-toplevel
 
   if _blackwell_with_te():
     pytest.skip("this host can run TE NVFP4")

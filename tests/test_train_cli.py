@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from maxtext_nvfp4 import recipes, train
+from maxtext_nvfp4.tools import recipes
+from maxtext_nvfp4.tools import train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -55,13 +55,13 @@ def test_metrics_file_has_every_step(run):
 
 
 def test_cli_dispatcher_help():
-  from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import train  # pylint: disable=import-outside-toplevel
 
   assert train.cli_main(["--help"]) == 0
 
 
 def test_default_tokenizer_only_when_nothing_sets_it(tmp_path, monkeypatch):
-  from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import train  # pylint: disable=import-outside-toplevel
 
   monkeypatch.delenv("M_TOKENIZER_PATH", raising=False)
   (tmp_path / "parent.yml").write_text("base_config: base.yml\ntokenizer_path: my/tok\n")

@@ -139,8 +139,8 @@ def install_jaxnn(global_scale: float = 1.0) -> None:
 def install_ours_fwd() -> None:
   """Our recipe with dgrad and wgrad in BF16 (fprop NVFP4 unchanged): the same GEMMs quantized as the
   jax.nn peer, whose nvfp4 backward does not quantize. A diagnostic, not a supported setting: it wraps
-  ``maxtext_nvfp4.plan.gemm_recipes``, which the plugin looks up per projection."""
-  from maxtext_nvfp4 import plan  # pylint: disable=import-outside-toplevel
+  ``maxtext_nvfp4.core.plan.gemm_recipes``, which the plugin looks up per projection."""
+  from maxtext_nvfp4.core import plan  # pylint: disable=import-outside-toplevel
 
   orig = plan.gemm_recipes
 
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
   if rest[:1] == ["--global-scale"]:
     global_scale, rest = float(rest[1]), rest[2:]
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4 import train  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import train  # pylint: disable=import-outside-toplevel
 
   maxtext_nvfp4.register()
   from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel,unused-import

@@ -6,7 +6,7 @@ For ``x = mag * N(0, 1)`` of shape (256, 512) (bf16, one fixed key) and mag = 1 
 relative error ``||deq(q(x)) - x||_2 / ||x||_2`` and the fraction of 16-element blocks that flush to all
 zeros, for each 1x16-block NVFP4 quantizer of the study, each through its own library code:
 
-* ours: ``maxtext_nvfp4.numerics.quantize`` (1x16 E4M3 block scale + FP32 per-tensor scale
+* ours: ``maxtext_nvfp4.core.nvfp4.quantize`` (1x16 E4M3 block scale + FP32 per-tensor scale
   ``amax / (6 * 448)``; round-to-nearest here), ``dequantize``;
 * qwix: ``qwix qarray.quantize_api(x, "nvfp4", tiled_axes={1: 16})`` -- block scale ``e4m3(absmax / 6)``
   with no per-tensor scale (what the qwix peer applies to weights, activations and gradients);
@@ -30,7 +30,7 @@ MAGS = (1.0, 1e-1, 1e-2, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
 
 
 def _ours(x):
-  from maxtext_nvfp4 import numerics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import nvfp4 as numerics  # pylint: disable=import-outside-toplevel
 
   return numerics.dequantize(numerics.quantize(x, axis=-1), jnp.float32)
 

@@ -250,7 +250,8 @@ def parse_log(text: str) -> tuple[dict[int, float], dict[int, float], dict[int, 
 def summarize(spec: RunSpec, *, rc: int, wall_s: float, steps: int) -> dict:
   """result.json of a finished run: losses from the metrics file (full precision) where MaxText kept them,
   else from the log (3 decimals; MaxText 0.2.5 truncates metrics_file at each eval)."""
-  from maxtext_nvfp4 import compare, reproduce  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import compare
+  from maxtext_nvfp4.tools import reproduce  # pylint: disable=import-outside-toplevel
 
   log = (spec.out / "train.log").read_text(encoding="utf8", errors="replace")
   train, secs, evals = parse_log(log)
@@ -319,7 +320,7 @@ def ensure_data(python: str) -> None:
   if (REPO / "data" / "embedded" / "manifest.json").exists():
     return
   print("data/embedded missing: running maxtext-nvfp4 prepare-data", flush=True)
-  subprocess.run([python, "-m", "maxtext_nvfp4.cli", "prepare-data"], cwd=REPO, check=True)
+  subprocess.run([python, "-m", "maxtext_nvfp4", "prepare-data"], cwd=REPO, check=True)
 
 
 # ------------------------------------------------------------------------------------------------ analysis
@@ -490,7 +491,7 @@ def verdicts(stats: dict[str, ArmStats]) -> list[str]:
 
 def plots(stats: dict[str, ArmStats], out: Path) -> dict[str, Path]:
   """compare-tool plots (seed 0): key arms + peers vs BF16, and ablations/switches vs nvfp4."""
-  from maxtext_nvfp4 import compare  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import compare  # pylint: disable=import-outside-toplevel
 
   groups = {
       "key_and_peers": ["bf16", "fp8", "nvfp4", "nvfp4_fwd_only", "qwix_nvfp4", "qwix_nvfp4_fwd", "jaxnn_nvfp4"],

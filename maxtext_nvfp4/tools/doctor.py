@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import maxtext_nvfp4
-from maxtext_nvfp4 import capability, settings as settings_mod
+from maxtext_nvfp4.backends import capability
+from maxtext_nvfp4.core import settings as settings_mod
 
 RECIPES_DIR = Path(maxtext_nvfp4.__file__).resolve().parent / "recipes"
 _MAX_CHAIN = 16
@@ -72,9 +73,9 @@ def _maxtext_section() -> dict[str, Any]:
     version = None
   out: dict[str, Any] = {"version": version}
   try:
-    patching = importlib.import_module("maxtext_nvfp4.patching")
+    patching = importlib.import_module("maxtext_nvfp4.tools.patching")
   except ImportError as e:
-    out["patch"] = {"state": "unavailable", "message": f"maxtext_nvfp4.patching is not available ({e})"}
+    out["patch"] = {"state": "unavailable", "message": f"maxtext_nvfp4.tools.patching is not available ({e})"}
     return out
   try:
     st = patching.status()
@@ -185,7 +186,7 @@ def _recipe_section(path, overrides, devices) -> dict[str, Any]:
     c = capability.choose_backend(s.backend, devices=devices)
     out["backend"] = {"name": c.name, "reason": c.reason}
     if c.name == "te":
-      from maxtext_nvfp4 import te_backend  # pylint: disable=import-outside-toplevel
+      from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
 
       te_backend.check_te_settings(s)
       out["te_recipe"] = te_backend.recipe_kwargs(s)

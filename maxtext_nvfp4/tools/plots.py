@@ -18,7 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from maxtext_nvfp4 import compare as _c  # noqa: E402
+from maxtext_nvfp4.tools import compare as _c  # noqa: E402
 
 _COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 

@@ -538,7 +538,7 @@ def render_terminal(c: Comparison) -> str:
 
 def write_outputs(c: Comparison, out_dir: str | os.PathLike) -> dict[str, str]:
   """Write report.md, loss.png and throughput.png into ``out_dir``; returns their paths."""
-  from maxtext_nvfp4 import plots  # matplotlib is imported only here
+  from maxtext_nvfp4.tools import plots  # matplotlib is imported only here
 
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)

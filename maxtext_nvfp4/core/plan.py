@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-from maxtext_nvfp4 import settings as settings_lib
+from maxtext_nvfp4.core import settings as settings_lib
 
 # Decoder projection roles, in the order MaxText constructs them inside one layer (Attention, then MLP).
 ATTENTION_ROLES = ("query", "key", "value", "qkv_proj", "out")
@@ -96,11 +96,11 @@ def precisions(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str,
 
 
 def gemm_recipes(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str, num_layers: int):
-  """``(recipe, switched recipe or None)`` as :class:`maxtext_nvfp4.gemm.GemmRecipe` for one GEMM.
+  """``(recipe, switched recipe or None)`` as :class:`maxtext_nvfp4.core.gemm.GemmRecipe` for one GEMM.
 
   RHT / stochastic rounding / 2D weight blocks come from the settings (they only affect NVFP4 passes).
   """
-  from maxtext_nvfp4 import gemm  # pylint: disable=import-outside-toplevel  (JAX; keep plan import pure)
+  from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel  (JAX; keep plan import pure)
 
   before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
 
@@ -159,3 +159,96 @@ def format_precision_table(rows: list[PrecisionRow], *, switch_step: int | None 
   widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
   fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
   return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which GEMM is being built: (layer, role) from the order of MaxText's projection constructions
+# ---------------------------------------------------------------------------------------------------
+
+# kernel axes of a decoder projection -> the roles sharing that signature inside one layer, in
+# construction order (MaxText 0.2.5 ``layers/attentions.py`` and ``layers/linears.py``: Attention builds
+# query, key, value, out; MlpBlock builds wi_0, wi_1, wo). ("embed", "mlp") is resolved per config.
+SIGNATURES = {
+    ("embed_attn", "q_heads", "kv"): ("query",),
+    ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
+    ("embed_attn", "heads", "kv"): ("qkv_proj",),
+    ("heads", "kv", "embed_attn"): ("out",),
+    ("embed", "num_activations", "mlp"): ("wi",),
+    ("mlp", "embed"): ("wo",),
+}
+
+
+def signature_roles(mesh_axes, num_activations: int) -> tuple[str, ...]:
+  """The roles built with kernel axes ``mesh_axes`` inside one decoder layer, in construction order."""
+  axes = tuple(mesh_axes)
+  if axes == ("embed", "mlp"):
+    return ("wi",) if num_activations == 1 else tuple(f"wi_{i}" for i in range(num_activations))
+  if axes in SIGNATURES:
+    return SIGNATURES[axes]
+  raise settings_lib.SettingsError(
+      f"quantization=nvfp4 cannot identify the decoder projection with kernel axes {axes!r} (supported: the"
+      " llama2/default decoder blocks' query/key/value/out/wi/wo; ici_context_autoregressive_parallelism=1)")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmLocator:
+  """Names the decoder GEMM being built from the order of MaxText's ``dot_general_cls`` calls.
+
+  MaxText builds each decoder layer's projections in order (layers_0..N-1 when ``scan_layers=false``)
+  and asks for one dot_general per projection with its kernel axes. The axes name the projection up to
+  repeats inside a layer (key/value and wi_0/wi_1 share axes), so the k-th call with a given signature
+  is role ``roles[k % m]`` of layer ``(k // m) % num_layers`` (``m`` = roles with that signature). With
+  ``scan_layers=true`` one module stands for every layer: layer is None. Equal across MaxText's repeated
+  quantization-object builds (the counter is not compared).
+  """
+
+  # config.num_decoder_layers
+  num_layers: int
+  # len(config.mlp_activations): how many up-projections (wi_0, wi_1, ...) share ("embed", "mlp")
+  num_activations: int = 2
+  # config.scan_layers
+  scan_layers: bool = False
+  # calls so far per kernel-axes signature
+  counts: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+
+  def locate(self, mesh_axes) -> tuple[int | None, str]:
+    """(layer, role) of the next projection built with ``mesh_axes`` (advances the counter)."""
+    roles = signature_roles(mesh_axes, self.num_activations)
+    sig = tuple(mesh_axes)
+    k = self.counts.get(sig, 0)
+    self.counts[sig] = k + 1
+    layer = None if self.scan_layers else (k // len(roles)) % self.num_layers
+    return layer, roles[k % len(roles)]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FpropPlan:
+  """``plan(mesh_axes) -> "nvfp4" | "bf16" | "fp8"``: the fprop precision of the next projection built.
+
+  What the TE backend asks per projection (TE runs one recipe for all three GEMMs of a layer).
+  """
+
+  # the run's NVFP4 settings
+  settings: settings_lib.Nvfp4Settings
+  # names the projection being built
+  locator: GemmLocator
+
+  def __call__(self, mesh_axes) -> str:
+    layer, role = self.locator.locate(mesh_axes)
+    before, _ = precisions(self.settings, layer=layer, role=role, num_layers=self.locator.num_layers)
+    return before.fprop
+
+
+def sr_key(seed: int, step, layer: int | None, role: str):
+  """``fold_in(fold_in(fold_in(key(seed), step), layer), ROLE_IDS[role])`` (threefry; no layer fold if None).
+
+  Depends on nothing but the step in the (restored) train state, so a resumed run draws the same bits.
+  """
+  import jax  # pylint: disable=import-outside-toplevel  (keep the plan importable without JAX)
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  key = jax.random.key(seed, impl="threefry2x32")
+  key = jax.random.fold_in(key, jnp.asarray(step, jnp.uint32))
+  if layer is not None:
+    key = jax.random.fold_in(key, layer)
+  return jax.random.fold_in(key, ROLE_IDS[role])

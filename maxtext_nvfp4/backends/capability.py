@@ -25,7 +25,9 @@ import importlib.metadata
 import logging
 from typing import Any, Callable, Sequence
 
-BACKENDS = ("auto", "emulate", "te")
+from maxtext_nvfp4.core import settings
+
+BACKENDS = settings.BACKENDS
 # TE JAX's NVFP4 requirement (transformer_engine/jax/quantize/helper.py `_check_fp4_support`).
 MIN_COMPUTE_CAPABILITY = 10.0
 INSTALL_HINT = "install the te extra: pip install 'maxtext-nvfp4[te]'"

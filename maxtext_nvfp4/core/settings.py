@@ -12,6 +12,8 @@ import dataclasses
 from typing import Any, Mapping
 
 BACKENDS = ("auto", "emulate", "te")
+# The precision of one GEMM pass (fprop, dgrad or wgrad).
+PRECISIONS = ("nvfp4", "bf16", "fp8")
 TARGETS = ("all", "mlp", "attention")
 FALLBACKS = ("bf16", "fp8")
 SWITCH_SCOPES = ("forward", "all")

@@ -7,13 +7,13 @@ import sys
 
 # subcommand -> (module exposing ``cli_main(argv: list[str]) -> int``, one-line help)
 COMMANDS = {
-    "train": ("maxtext_nvfp4.train", "run MaxText pre-training with the NVFP4 plugin registered"),
-    "doctor": ("maxtext_nvfp4.doctor", "report JAX/devices/TE/MaxText/patch state and the backend auto picks"),
-    "verify-hardware": ("maxtext_nvfp4.verify_hardware", "compare TE's NVFP4 kernels with the emulation (Blackwell)"),
-    "prepare-data": ("maxtext_nvfp4.data", "build a local MaxText-ready dataset (embedded corpus or your files)"),
-    "compare": ("maxtext_nvfp4.compare", "compare runs: throughput, loss gap, verdict, plots"),
-    "reproduce": ("maxtext_nvfp4.reproduce", "run a baseline/NVFP4 recipe pair back to back, then compare"),
-    "patch": ("maxtext_nvfp4.patching", "apply/check/revert the MaxText 0.2.5 patch series"),
+    "train": ("maxtext_nvfp4.tools.train", "run MaxText pre-training with the NVFP4 plugin registered"),
+    "doctor": ("maxtext_nvfp4.tools.doctor", "report JAX/devices/TE/MaxText/patch state and the backend auto picks"),
+    "verify-hardware": ("maxtext_nvfp4.tools.verify_hardware", "compare TE's NVFP4 kernels with the emulation (Blackwell)"),
+    "prepare-data": ("maxtext_nvfp4.tools.data", "build a local MaxText-ready dataset (embedded corpus or your files)"),
+    "compare": ("maxtext_nvfp4.tools.compare", "compare runs: throughput, loss gap, verdict, plots"),
+    "reproduce": ("maxtext_nvfp4.tools.reproduce", "run a baseline/NVFP4 recipe pair back to back, then compare"),
+    "patch": ("maxtext_nvfp4.tools.patching", "apply/check/revert the MaxText 0.2.5 patch series"),
 }
 
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from maxtext_nvfp4 import compare
+from maxtext_nvfp4.tools import compare
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -98,7 +98,7 @@ def recipe_dirs(recipes_dir: str | None = None) -> list[Path]:
   packaged ``maxtext_nvfp4/recipes``."""
   if recipes_dir:
     return [Path(recipes_dir)]
-  pkg = Path(__file__).resolve().parent
+  pkg = Path(__file__).resolve().parent.parent  # maxtext_nvfp4/
   dirs = [Path.cwd() / "recipes", pkg.parent / "recipes", pkg / "recipes"]
   seen, out = set(), []
   for d in dirs:

@@ -26,7 +26,7 @@ import yaml
 
 # Where the shipped recipes live: the repository's recipes/ (editable install / checkout), or a copy
 # bundled inside the package (maxtext_nvfp4/recipes/) for wheel installs.
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # maxtext_nvfp4/
 RECIPE_DIRS = (os.path.join(os.path.dirname(_PKG_DIR), "recipes"), os.path.join(_PKG_DIR, "recipes"))
 
 # quantization value -> minimum compute capability (all need Transformer Engine)

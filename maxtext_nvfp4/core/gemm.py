@@ -23,7 +23,7 @@ arithmetic; the quantization happens in the rotated domain and the result needs 
 Outputs: y in ``preferred_element_type`` (default: the inputs' dtype), dx in x's dtype, dW in W's
 dtype. Other precisions per pass: ``"bf16"`` is a plain ``dot_general`` of the unquantized operands with
 fp32 accumulation; ``"fp8"`` is TE's per-tensor current-scaling FP8, HYBRID (E4M3 x and W, E5M2 dy), see
-``maxtext_nvfp4.fp8``.
+``maxtext_nvfp4.core.fp8``.
 
 Shapes: any ``dimension_numbers``. Contracting dims are flattened (in the order given, last one
 fastest) into K; the remaining lhs dims into M and rhs dims into N; the output has lax.dot_general's
@@ -65,11 +65,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxtext_nvfp4 import fp8, numerics
+from maxtext_nvfp4.core import settings
+from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import nvfp4 as numerics
 
 __all__ = ["GemmRecipe", "PRECISIONS", "dot_general", "sr_keys"]
 
-PRECISIONS = ("nvfp4", "bf16", "fp8")
+PRECISIONS = settings.PRECISIONS
 _BLOCK = numerics.BLOCK
 # fold_in constants for the two stochastically rounded copies of dy.
 _DGRAD_KEY_TAG = 1

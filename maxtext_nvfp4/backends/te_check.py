@@ -1,4 +1,4 @@
-"""``maxtext-nvfp4 verify-hardware``: TE's NVFP4 kernels vs our exact emulation, on the same inputs.
+"""TE's NVFP4 kernels vs our exact emulation, on the same inputs (``maxtext-nvfp4 verify-hardware``).
 
 For users with Blackwell (compute capability >= 10.0) and Transformer Engine JAX. It catches a broken
 kernel, driver or TE build (TE once shipped stochastic rounding that silently produced zeros on
@@ -7,7 +7,7 @@ sm_120) before a long training run. Elsewhere it exits with status 2 and the cap
 Checks, on random bf16 ``x`` (m, k) activations, ``w`` (k, n) weights and ``dy`` (m, n) gradients:
 
   ============================  =================================  ==============================
-  check                         TE                                 emulation (maxtext_nvfp4.numerics)
+  check                         TE                                 emulation (maxtext_nvfp4.core.nvfp4)
   ============================  =================================  ==============================
   quantize x 1x16 RNE           tex.quantize, NVFP4_1D, ROWWISE    quantize(x, axis=-1)
   quantize w 16x16 RNE          tex.quantize, NVFP4_2D, ROWWISE    quantize(w, block_2d=True)
@@ -35,14 +35,9 @@ NOT been run on real Blackwell hardware; its comparison logic is tested on CPU a
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from typing import Any
 
 import numpy as np
-
-from maxtext_nvfp4 import capability
 
 GEMM_TOL = 8e-3  # TE tests/pytorch/nvfp4/test_nvfp4_gemm_exact.py: atol = rtol = 8e-3
 SR_RTOL, SR_ATOL = 0.2, 1e-4  # TE tests/jax/test_custom_call_compute.py test_sr_nvfp4
@@ -107,7 +102,7 @@ def emulated_gemm(a, b, contract_a: int, contract_b: int, out_dtype=None):
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  from maxtext_nvfp4 import numerics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import nvfp4 as numerics  # pylint: disable=import-outside-toplevel
 
   va = numerics.block_values(a, jnp.float32)
   vb = numerics.block_values(b, jnp.float32)
@@ -168,7 +163,7 @@ def run_checks(m: int = 256, k: int = 512, n: int = 256, seed: int = 0, sr_draws
   from transformer_engine.jax import cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
   from transformer_engine.jax.quantize import QuantizeLayout, QuantizerFactory, ScalingMode  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
 
-  from maxtext_nvfp4 import numerics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import nvfp4 as numerics  # pylint: disable=import-outside-toplevel
 
   fp4 = jnp.float4_e2m1fn
   kx, kr, kw, kd, ks = jax.random.split(jax.random.PRNGKey(seed), 5)
@@ -243,60 +238,3 @@ def run_checks(m: int = 256, k: int = 512, n: int = 256, seed: int = 0, sr_draws
   record("GEMM fprop x@w (1x16 x 16x16)", "gemm", gemm_fprop)
   record("GEMM wgrad xT@dy (RHT)", "gemm", gemm_wgrad)
   return results
-
-
-def _format(results, choice) -> str:
-  lines = [f"backend: {choice.name} ({choice.reason})"]
-  for r in results:
-    status = "PASS" if r["passed"] else "FAIL"
-    if "error" in r:
-      detail = r["error"]
-    elif r["kind"] == "bitwise":
-      detail = (f"data mismatches {r['data_mismatches']}/{r['elements']}, scale mismatches {r['scale_mismatches']},"
-                f" amax {'equal' if r['amax_equal'] else 'DIFFERS'} ({r['amax_te']!r} vs {r['amax_emulated']!r})")
-    elif r["kind"] == "gemm":
-      detail = (f"rel diff {r['rel_frobenius']:.2e}, max |diff| {r['max_abs_diff']:.3e}, "
-                f"{r['violations']} elements outside {r['tolerance']} abs+rel")
-    else:
-      detail = (f"SR MAE TE {r['te']['sr_mae']:.3e} vs emulated {r['emulated']['sr_mae']:.3e} (RNE {r['te']['rn_mae']:.3e}),"
-                f" nonzero fraction {r['te']['sr_nonzero_fraction']:.3f}")
-    lines.append(f"{status}  {r['check']:<32} {detail}")
-  ok = all(r["passed"] for r in results)
-  lines.append("all checks passed" if ok else "SOME CHECKS FAILED: TE's NVFP4 kernels disagree with the reference here")
-  return "\n".join(lines)
-
-
-def cli_main(argv: list[str]) -> int:
-  """Exit 0: all checks pass; 1: a check failed; 2: no Blackwell+TE here (the reason is printed)."""
-  p = argparse.ArgumentParser(prog="maxtext-nvfp4 verify-hardware", description=__doc__.split("\n\n")[0])
-  p.add_argument("--json", action="store_true", help="print one JSON object")
-  p.add_argument("--m", type=int, default=256, help="tokens (multiple of 64 for RHT)")
-  p.add_argument("--k", type=int, default=512, help="input features (multiple of 128)")
-  p.add_argument("--n", type=int, default=256, help="output features (multiple of 128)")
-  p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--sr-draws", type=int, default=8, help="stochastic-rounding samples")
-  a = p.parse_args(argv)
-  try:
-    choice = capability.choose_backend("te")
-  except capability.BackendError as e:
-    if a.json:
-      print(json.dumps({"ran": False, "reason": str(e)}))
-    else:
-      print(f"verify-hardware cannot run here: {e}", file=sys.stderr)
-    return 2
-  for name, v, mult in (("m", a.m, 64), ("k", a.k, 128), ("n", a.n, 128)):
-    if v <= 0 or v % mult:
-      p.error(f"--{name}={v} must be a positive multiple of {mult} (TE's RHT/GEMM kernels need it)")
-  results = run_checks(a.m, a.k, a.n, a.seed, a.sr_draws)
-  ok = all(r["passed"] for r in results)
-  if a.json:
-    print(json.dumps({"ran": True, "backend": {"name": choice.name, "reason": choice.reason},
-                      "te_version": capability.te_version(), "shape": {"m": a.m, "k": a.k, "n": a.n},
-                      "passed": ok, "checks": results}, indent=2, default=float))
-  else:
-    print(_format(results, choice))
-  return 0 if ok else 1
-
-
-if __name__ == "__main__":
-  sys.exit(cli_main(sys.argv[1:]))

@@ -190,7 +190,7 @@ def series_root() -> Path:
   or ``maxtext_nvfp4/patches/`` (package data)."""
   env = os.environ.get("MAXTEXT_NVFP4_PATCHES")
   candidates = [Path(env)] if env else []
-  here = Path(__file__).resolve().parent
+  here = Path(__file__).resolve().parent.parent  # maxtext_nvfp4/
   candidates += [here.parent / "patches", here / "patches"]
   for c in candidates:
     if c.is_dir() and any(c.glob("maxtext-*/*.patch")):
@@ -607,7 +607,7 @@ def _yaml_scalar(v) -> str:
 
 
 def _render_schema_class() -> str:
-  from maxtext_nvfp4 import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
 
   lines = [
       "class Nvfp4Quantization(BaseModel):",
@@ -627,7 +627,7 @@ def _render_schema_class() -> str:
 
 
 def _render_base_yml_block() -> str:
-  from maxtext_nvfp4 import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
 
   out = [
       '# NVFP4 training (quantization: "nvfp4"), implemented by the maxtext_nvfp4 package',

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxtext_nvfp4 import numerics
+from maxtext_nvfp4.core import nvfp4 as numerics
 
 __all__ = [
     "Aggregator",

@@ -1,0 +1,99 @@
+"""``nvfp4_backend=te``: our NVFP4 recipe expressed in Transformer Engine JAX's terms (Blackwell).
+
+What TE is asked to do, independent of MaxText (the MaxText side, a subclass of MaxText's
+``TransformerEngineQuantization``, is :mod:`maxtext_nvfp4.integration.te_quantization`):
+
+1. **Recipe toggles.** ``transformer_engine.common.recipe.NVFP4BlockScaling(**recipe_kwargs(settings))``:
+
+     disable_rht                 = not settings.rht
+     disable_stochastic_rounding = not settings.stochastic_rounding
+     disable_2d_quantization     = not settings.two_d_weights
+
+   TE JAX reads exactly these three fields (``NVFP4ScalingQuantizeConfig.initialize_from_recipe``);
+   the per-GEMM treatment (fprop x 1x16 RNE / W 16x16; dgrad dy 1x16 SR; wgrad xT, dyT RHT16, dy SR)
+   is TE's and matches our emulation's ``GemmRecipe`` defaults.
+2. **Per-GEMM precision.** ``plan(mesh_axes) -> "nvfp4" | "bf16" | "fp8"`` is asked once per projection
+   (``DenseGeneral.__init__`` calls ``quant.dot_general_cls(mesh_axes=kernel_axes)``): ``nvfp4`` -> the
+   TE NVFP4 path above; ``fp8`` -> the same MaxText/TE machinery with ``recipe.Float8CurrentScaling()``;
+   ``bf16`` -> a plain ``lax.dot_general`` Linen module (TE is not involved at all).
+3. **The stochastic-rounding rng stream.** TE draws it in ``NVFP4ScalingQuantizeConfig.
+   _make_stochastic_rounding_rng_state`` as ``module.make_rng("sr_rng")`` on the Linen wrapper, folds in
+   ``sha256("grad")``, and turns it into ``(num_devices, 4)`` uint32 Philox seeds, for the DGRAD quantizer
+   only, and only when SR is on. See :func:`rng_streams_needed` for how it is supplied in MaxText.
+
+TE is imported lazily, inside functions, only when this backend builds a GEMM. Nothing here was run
+against real TE (no Blackwell machine or TE install was available while writing it); the wiring is
+tested on CPU against a fake of the TE names it touches (tests/test_te_backend.py), and the
+``@pytest.mark.blackwell`` tests plus ``maxtext-nvfp4 verify-hardware`` are the real-hardware checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from maxtext_nvfp4.backends.capability import BackendError
+from maxtext_nvfp4.core import settings
+
+PRECISIONS = settings.PRECISIONS
+# The rng stream TE JAX's NVFP4 quantizer asks its Flax module for.
+TE_SR_RNG_STREAM = "sr_rng"
+# The MaxText rng stream we serve it from: ``maxtext_utils_nnx.create_nnx_rngs`` builds
+# ``nnx.Rngs(params, dropout, aqt)`` in train mode; ``aqt`` exists for quantization randomness.
+SR_RNG_SOURCE_STREAM = "aqt"
+
+
+def recipe_kwargs(settings) -> dict[str, bool]:
+  """Our toggles as ``NVFP4BlockScaling`` keyword arguments (pure; no TE import)."""
+  return {
+      "disable_rht": not settings.rht,
+      "disable_stochastic_rounding": not settings.stochastic_rounding,
+      "disable_2d_quantization": not settings.two_d_weights,
+  }
+
+
+def check_te_settings(settings) -> None:
+  """Raise :class:`BackendError` (one line) for settings the TE backend does not map (yet).
+
+  The late precision switch (``nvfp4_switch_at_step``) needs the current step inside every GEMM and a
+  ``lax.cond`` between two TE paths; that is implemented for the emulation only.
+  """
+  if float(settings.switch_at_step) > 0:
+    raise BackendError(
+        f"nvfp4_switch_at_step={settings.switch_at_step} is emulate-only for now: the late precision switch is"
+        " not mapped to Transformer Engine; set nvfp4_backend=emulate, or nvfp4_switch_at_step=-1 to train"
+        " with TE without the switch"
+    )
+
+
+def rng_streams_needed(settings) -> tuple[str, ...]:
+  """Rng streams TE's modules draw at apply time: ``("sr_rng",)`` when stochastic rounding is on.
+
+  What the MaxText plugin must do to supply ``sr_rng`` inside MaxText 0.2.5's train step (checked in
+  the 0.2.5 sources; the TE side was read, not run):
+
+  * Keep ``needs_apply_rngs`` True whenever this returns a non-empty tuple (the quantization object
+    from :func:`make_te_quantization` does this itself). ``DenseGeneral.__init__`` (linears.py:350)
+    otherwise calls ``ToNNX.release_rngs()`` and the Linen wrapper would have no rngs at apply time.
+  * Nothing else: ``ToNNX`` keeps a fork of DenseGeneral's ``nnx.Rngs(params, dropout, aqt)`` and, at
+    every call, passes one fresh key per stream to ``linen.apply(..., rngs=...)``. Our wrapper answers
+    ``make_rng("sr_rng")`` with ``fold_in(make_rng("aqt"), nvfp4_seed)``, so each projection gets its
+    own key (distinct forks). The streams' counters are NNX state that ``train_step`` carries out of
+    ``value_and_grad`` in ``non_param_rest`` and writes back with ``nnx.update``, so the key changes
+    every step. (Without our override Linen would silently fall back to the ``params`` stream, which
+    is what MaxText's own ``te_nvfp4`` relies on.)
+  * Rng streams do not exist outside train mode (``create_nnx_rngs`` gives only ``params`` for
+    inference); Linen's fallback to ``params`` then applies, which is harmless for a forward pass
+    (SR touches only the output gradient).
+  """
+  return (TE_SR_RNG_STREAM,) if settings.stochastic_rounding else ()
+
+
+def te_recipe(precision: str, settings):
+  """TE's recipe object for one GEMM precision: ``NVFP4BlockScaling(**recipe_kwargs)`` or FP8 current scaling."""
+  from transformer_engine.common import recipe  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+
+  if precision == "nvfp4":
+    return recipe.NVFP4BlockScaling(**recipe_kwargs(settings))  # pytype: disable=module-attr
+  if precision == "fp8":
+    return recipe.Float8CurrentScaling()
+  raise ValueError(f"no TE recipe for precision {precision!r}")
