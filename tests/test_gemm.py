@@ -122,7 +122,7 @@ def test_single_k_block_is_bit_exact_with_te_alpha():
 
   Each block product sums 16 values q_x q_w (multiples of 1/4, |.| <= 36) times s8_x s8_w (8 bits):
   at most ~20 significant bits, exact in fp32. Then y = fl(sum * alpha) with TE JAX's
-  alpha = fl(fl(amax_x / 2688) * fl(amax_w / 2688)) (not PyTorch's amax_x amax_w / 2688²).
+  alpha = (amax_x / 2688.) * (amax_w / 2688.) as XLA compiles it (not PyTorch's amax_x amax_w / 2688²).
   """
   m, k, n = 32, 16, 48
   x, w = _rand(46, (m, k), scale=3.0), _rand(47, (k, n), scale=0.02)
@@ -132,11 +132,52 @@ def test_single_k_block_is_bit_exact_with_te_alpha():
   bw = np.asarray(qw.data, np.float64) * np.repeat(np.repeat(np.asarray(qw.scale, np.float64), 16, 0), 16, 1)
   exact = bx @ bw
   assert np.array_equal(exact.astype(np.float32).astype(np.float64), exact)  # representable: order-free
-  alpha = (np.float32(qx.amax) / np.float32(2688.0)) * (np.float32(qw.amax) / np.float32(2688.0))
+  alpha = np.float32(_TE_ALPHA_COMPILED(qx.amax, qw.amax))
   # These seeds were picked so the PyTorch-reference alpha differs by an ulp: the test tells them apart.
   assert alpha != np.float32(qx.amax) * np.float32(qw.amax) / np.float32(2688.0 * 2688.0)
   want = exact.astype(np.float32) * np.float32(alpha)
   np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
+
+
+# TE JAX's GEMM alpha, written as in transformer_engine/jax/cpp_extensions/gemm.py and compiled by XLA.
+_TE_ALPHA_COMPILED = jax.jit(lambda a, b: (a / jnp.float32(2688.0)) * (b / jnp.float32(2688.0)))
+
+
+def _lognormal_amaxes(seed, n=100_000):
+  rng = np.random.default_rng(seed)
+  return [rng.lognormal(0.0, 4.0, n).astype(np.float32) for _ in range(2)]
+
+
+def test_gemm_alpha_is_te_alpha_as_compiled_bit_for_bit():
+  """gemm_alpha == XLA's compiled ``(a / 2688.) * (b / 2688.)`` on 100k random amax pairs, every bit.
+
+  The amaxes are chosen so that the true quotient differs in many pairs: an emulation dividing
+  exactly (or reassociating to ``a * b / 2688**2``) fails here.
+  """
+  a, b = _lognormal_amaxes(0)
+  want = np.asarray(_TE_ALPHA_COMPILED(a, b))
+  got = np.asarray(jax.jit(gemm.gemm_alpha)(a, b))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  exact = (a / np.float32(2688.0)) * (b / np.float32(2688.0))  # numpy: true IEEE divisions
+  assert np.mean(exact.view(np.uint32) != want.view(np.uint32)) > 0.05  # the test can tell them apart
+  # Eager (unjitted) too: the emulation does not depend on being compiled.
+  np.testing.assert_array_equal(np.asarray(gemm.gemm_alpha(a[:1000], b[:1000])).view(np.uint32),
+                                want[:1000].view(np.uint32))
+
+
+def test_xla_rewrites_division_by_constant_as_reciprocal_multiply():
+  """The XLA fact gemm_alpha relies on: ``a / 2688.`` compiles to ``a * fl32(1/2688)``, no divide.
+
+  If a new XLA stops rewriting (or rewrites differently), this fails and gemm_alpha must follow
+  (TE's alpha would then be the true quotient again).
+  """
+  hlo = _TE_ALPHA_COMPILED.lower(np.float32(1), np.float32(1)).compile().as_text()
+  assert " divide(" not in hlo and "constant(0.000372023816)" in hlo, hlo
+  a, b = _lognormal_amaxes(1, 10_000)
+  c = np.float32(1.0) / np.float32(2688.0)
+  want = (a * c) * (b * c)  # numpy, no compiler involved
+  got = np.asarray(_TE_ALPHA_COMPILED(a, b))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_fprop_bf16_output_is_rounded_reference():

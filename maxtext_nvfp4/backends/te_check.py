@@ -97,18 +97,19 @@ def emulated_gemm(a, b, contract_a: int, contract_b: int, out_dtype=None):
   """NVFP4 GEMM as the Tensor Core computes it, up to fp32 accumulation order.
 
   ``sum over blocks (q_a s8_a)(q_b s8_b)`` in fp32 (each term exact), times
-  ``alpha = (amax_a / 2688) * (amax_b / 2688)``, cast to ``out_dtype`` (bf16, TE's output dtype).
+  ``alpha = gemm.gemm_alpha(amax_a, amax_b)`` (TE's as compiled), cast to ``out_dtype`` (bf16, TE's output dtype).
   """
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
+  from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.core import nvfp4 as numerics  # pylint: disable=import-outside-toplevel
 
   va = numerics.block_values(a, jnp.float32)
   vb = numerics.block_values(b, jnp.float32)
   acc = jax.lax.dot_general(va, vb, (((contract_a,), (contract_b,)), ((), ())),
                             precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
-  alpha = numerics.global_decode_scale(a) * numerics.global_decode_scale(b)
+  alpha = gemm.gemm_alpha(a.amax, b.amax)  # TE's alpha as XLA compiles it
   return (acc * alpha).astype(out_dtype or jnp.bfloat16)
 
 

@@ -10,10 +10,12 @@ For activations ``x`` (M, K) (M = tokens, after flattening) and a kernel ``W`` (
 
 Each NVFP4 GEMM is computed as
 
-    out = cast( (block_values(a) @ block_values(b), fp32 accumulation) * fl(g_a * g_b) )
-    g   = numerics.global_decode_scale(t) = amax / 2688
+    out   = cast( (block_values(a) @ block_values(b), fp32 accumulation) * alpha )
+    alpha = fl( fl(amax_a * c) * fl(amax_b * c) ),   c = fl32(1 / 2688) = 0.000372023816...
 
-(TE JAX: ``alpha = (amax_a/2688) * (amax_b/2688)`` applied to the fp32 result). ``block_values`` are
+which is TE JAX's ``alpha = (amax_a / 2688.) * (amax_b / 2688.)`` as XLA compiles it (see
+:func:`gemm_alpha`: the division by a constant becomes a multiplication by its rounded reciprocal).
+``block_values`` are
 ``q * s8``, exact in bf16 (a 2-bit e2m1 significand times a 4-bit e4m3 one), so the product of the
 16-element blocks is computed exactly and the ordinary bf16 GEMM with fp32 accumulation is the Tensor
 Core's NVFP4 GEMM up to the (unspecified) accumulation order. With RHT, both wgrad operands are
@@ -69,7 +71,7 @@ from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as numerics
 
-__all__ = ["GemmRecipe", "PRECISIONS", "dot_general", "sr_keys"]
+__all__ = ["GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
 
 PRECISIONS = settings.PRECISIONS
 _BLOCK = numerics.BLOCK
@@ -151,18 +153,44 @@ def _plain_dot(a, b, contract, out_dtype):
   return y.astype(out_dtype)
 
 
+# fl32(1 / 2688): the constant XLA's algebraic simplifier substitutes for ``/ 2688.`` (see gemm_alpha).
+_RECIP_GLOBAL_DENOM = np.float32(1.0) / np.float32(numerics.E4M3_MAX * numerics.E2M1_MAX)
+
+
+def gemm_alpha(amax_a, amax_b):
+  """The fp32 factor of an NVFP4 GEMM: ``fl( fl(amax_a * c) * fl(amax_b * c) )``, ``c = fl32(1/2688)``.
+
+  TE JAX writes ``alpha = (amax_a / 2688.) * (amax_b / 2688.)`` inside jitted code
+  (``transformer_engine/jax/cpp_extensions/gemm.py`` at TE commit d0067d0: ``_get_nvfp4_tensor_scale_inv``
+  returns ``amax / (DATA_DTYPE_MAX * SCALE_DTYPE_MAX)``, and ``gemm`` multiplies the two). XLA never executes
+  that division: ``AlgebraicSimplifierVisitor::HandleDivide`` (openxla/xla,
+  ``xla/hlo/transforms/simplifiers/algebraic_simplifier.cc``, rule ``A / Const => A * (1 / Const)``,
+  applied to every floating-point constant, scalar or broadcast, without a precision condition)
+  replaces it with a multiplication by ``fl32(1/2688) = 0.000372023816``, which is not correctly
+  rounded division (78% agreement on lognormal amaxes). XLA:GPU runs the same visitor
+  (``GpuAlgebraicSimplifier`` subclasses it and is added to the optimization pipeline several times in
+  ``xla/service/gpu/gpu_compiler.cc``), as XLA:CPU does, so this product is what TE computes in training,
+  bit for bit. No constant reassociation follows (the compiled HLO is ``(a * c) * (b * c)``).
+  ``tests/test_gemm.py`` compares it with the compiled TE expression and fails if the rewrite changes.
+
+  ``numerics.dequantize`` keeps the true division ``amax / 2688``: that is TE's dequantizer as the golden
+  files define it (run eagerly), not the GEMM.
+  """
+  c = _RECIP_GLOBAL_DENOM
+  return (jnp.asarray(amax_a, jnp.float32) * c) * (jnp.asarray(amax_b, jnp.float32) * c)
+
+
 def _gemm_view(q):
-  """(``q * s8`` values in bf16, ``amax / 2688``) of an operand: an NVFP4Tensor (kept for reuse or as a
-  residual) or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand)."""
+  """(``q * s8`` values in bf16, amax) of an operand: an NVFP4Tensor (kept for reuse or as a residual)
+  or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand)."""
   if isinstance(q, numerics.NVFP4Tensor):
-    return numerics.block_values(q, jnp.bfloat16), numerics.global_decode_scale(q)
-  values, amax = q
-  return values, numerics.global_decode_scale(amax)
+    return numerics.block_values(q, jnp.bfloat16), q.amax
+  return q
 
 
 def _nvfp4_dot(qa, qb, contract, out_dtype):
-  (va, ga), (vb, gb) = _gemm_view(qa), _gemm_view(qb)
-  return _scaled_dot(va, vb, contract, ga * gb, out_dtype)
+  (va, amax_a), (vb, amax_b) = _gemm_view(qa), _gemm_view(qb)
+  return _scaled_dot(va, vb, contract, gemm_alpha(amax_a, amax_b), out_dtype)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
