@@ -62,11 +62,15 @@ def tiny_argv(out_dir: str | None = None, *, run_name: str = "tiny", config: str
 
 
 def read_metrics(path: str) -> list[dict]:
-  """MaxText's ``metrics_file``: one JSON object per completed step."""
+  """MaxText's ``metrics_file`` as raw records, one JSON object per line (training and eval records)."""
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
 
 
 def losses(path: str) -> dict[int, float]:
-  """``{step: learning/loss}`` from a metrics file."""
-  return {int(m["step"]): float(m["learning/loss"]) for m in read_metrics(path)}
+  """``{train step: learning/loss}`` of a metrics file's training records (eval records have their own
+  steps; the package's one reader, :mod:`maxtext_nvfp4.tools.metrics`, tells them apart)."""
+  from maxtext_nvfp4.tools import metrics  # pylint: disable=import-outside-toplevel
+
+  run = metrics.read(path, strict=False)
+  return {s: run.loss(s) for s in run.sorted_steps}

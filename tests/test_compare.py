@@ -12,7 +12,9 @@ import pytest
 from PIL import Image
 
 from maxtext_nvfp4.tools import compare
+from maxtext_nvfp4.tools import comparison
 from maxtext_nvfp4.tools import plots
+from maxtext_nvfp4.tools import report
 from maxtext_nvfp4.tools.cli import main as cli
 
 N = 50  # steps per run; default warm-up = max(1, 50 // 10) = 5 -> steps 0..5 skipped, 6..49 measured
@@ -83,7 +85,7 @@ REL_GAP = MEAN_GAP / (sum(base_loss(s) for s in CONV) / 40)
 
 def test_every_number_exact(tmp_path, capsys):
   b, r = make_pair(tmp_path)
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)], compare.Options(smooth=4))
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options(smooth=4))
   base, run = c.results
   assert (base.run.name, run.run.name) == ("fp8", "nvfp4")  # names from the run directories
   for res, med in ((base, MED_BASE), (run, MED_RUN)):
@@ -104,10 +106,10 @@ def test_every_number_exact(tmp_path, capsys):
   assert (ls.eval_loss, ls.eval_loss_baseline) == (3.15, 3.1)
   assert c.smooth == 4
   assert run.verdict == "FAIL" and c.verdict == "FAIL" and c.exit_code == 1  # 0.0395 > 0.03
-  c2 = compare.compare_runs([compare.load_run(b), compare.load_run(r)], compare.Options(tolerance=0.04))
+  c2 = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options(tolerance=0.04))
   assert c2.verdict == "PASS" and c2.exit_code == 0
   # window 1: the max gap is the raw max gap(49)
-  c3 = compare.compare_runs([compare.load_run(b), compare.load_run(r)], compare.Options(smooth=1))
+  c3 = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options(smooth=1))
   assert c3.results[1].loss.max_gap == pytest.approx(0.059, abs=1e-12)
 
 
@@ -129,7 +131,7 @@ def test_cli_outputs_and_exit_codes(tmp_path, capsys):
   assert f"{MED_RUN / MED_BASE:.3f}x" in capsys.readouterr().out
   # --warmup 0: only step 0 skipped; 49 values = 44 fast ones (steps 6..49) + five 10 s ones (steps 1..5):
   # the median is the 25th smallest, i.e. step 6 + 24 = 30
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)], compare.Options(warmup=0))
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options(warmup=0))
   assert c.results[1].throughput.measured == 49
   assert c.results[1].throughput.median_step_time == pytest.approx(0.8 + 0.001 * 30, rel=1e-12)
 
@@ -180,7 +182,7 @@ def test_malformed_lines_skipped_and_reported(tmp_path, capsys):
   lines.insert(7, "[1, 2]")
   lines.append('{"step": 3, "learning/loss": "x"}')
   (tmp_path / "nvfp4" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)])
   run = c.results[1]
   assert run.run.malformed == 3 and run.run.first_malformed == 4
   assert any("3 malformed line(s), first at line 4" in n for n in run.notes)
@@ -189,7 +191,7 @@ def test_malformed_lines_skipped_and_reported(tmp_path, capsys):
 
 def test_mismatched_lengths_use_common_steps(tmp_path):
   b, r = make_pair(tmp_path, n_run=40)
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)])
   run = c.results[1]
   ls = run.loss
   assert ls.steps == tuple(range(40))
@@ -207,7 +209,7 @@ def test_nan_loss_is_divergence_fail(tmp_path, capsys):
   assert cli(["compare", b, r, "--out", str(tmp_path / "o"), "--tolerance", "1.0"]) == 1
   out = capsys.readouterr().out
   assert "first non-finite loss (nan) at step 30" in out and "VERDICT: FAIL" in out
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)])
   assert c.results[1].loss.steps == tuple(range(30))
   assert c.results[1].loss.converged_start_step == 6  # floor(0.2 * 30)
   # a diverged baseline makes every comparison FAIL too
@@ -218,7 +220,7 @@ def test_nan_loss_is_divergence_fail(tmp_path, capsys):
 def test_missing_perf_keys_and_single_run(tmp_path, capsys):
   b, _ = make_pair(tmp_path)
   bare = write(tmp_path / "bare.jsonl", [{"step": s, "learning/loss": base_loss(s)} for s in range(N)])
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(bare)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(bare)])
   tp = c.results[1].throughput
   assert tp.median_step_time is None and tp.tokens_per_sec is None and tp.speedup is None
   assert any("no 'perf/step_time_seconds'" in n for n in c.results[1].notes)
@@ -242,9 +244,9 @@ def test_diagnostics_summarized(tmp_path, capsys):
 
 
 def test_moving_average():
-  assert compare.moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
-  assert compare.moving_average([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
-  assert compare.moving_average([2.0, 4.0, 9.0], 10) == [2.0, 3.0, 5.0]
+  assert comparison.moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+  assert comparison.moving_average([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
+  assert comparison.moving_average([2.0, 4.0, 9.0], 10) == [2.0, 3.0, 5.0]
 
 
 def _trailing(vals, w):
@@ -257,7 +259,7 @@ def _trailing(vals, w):
 
 def test_plots_drawn_from_data(tmp_path):
   b, r = make_pair(tmp_path)
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)], compare.Options(smooth=3))
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options(smooth=3))
   fig = plots.loss_figure(c)
   lines = {ln.get_gid(): ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid()}
   sm = lines["smoothed:nvfp4"]
@@ -272,11 +274,11 @@ def test_plots_drawn_from_data(tmp_path):
 
   # PNGs: expected size, not blank, and they change with the data
   o1, o2 = tmp_path / "o1", tmp_path / "o2"
-  compare.write_outputs(c, o1)
+  report.write_outputs(c, o1)
   (tmp_path / "x").mkdir()
   b2, r2 = make_pair(tmp_path / "x", nan_at=25)
-  compare.write_outputs(compare.compare_runs([compare.load_run(b2), compare.load_run(r2)],
-                                             compare.Options(smooth=3)), o2)
+  report.write_outputs(comparison.compare_runs([compare.load_run(b2), compare.load_run(r2)],
+                                             comparison.Options(smooth=3)), o2)
   img1 = np.asarray(Image.open(o1 / "loss.png").convert("L"), dtype=np.int16)
   img2 = np.asarray(Image.open(o2 / "loss.png").convert("L"), dtype=np.int16)
   assert img1.shape == (750, 1000) and Image.open(o1 / "throughput.png").size == (1000, 450)
@@ -290,8 +292,83 @@ def test_maxtext_eval_truncation_is_flagged(tmp_path):
   b, _ = make_pair(tmp_path)
   running = json.dumps({"step": 0.0, "eval/avg_loss": 3.2, "eval/step_time_seconds": 0.1})
   r = write(tmp_path / "trunc.jsonl", [], [running] + [json.dumps(record(s, base_loss(s), 1.0)) for s in range(25, N)])
-  c = compare.compare_runs([compare.load_run(b), compare.load_run(r)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)])
   run = c.results[1]
   assert any("truncated it at an eval" in n for n in run.notes)
   assert run.loss.steps == tuple(range(25, N)) and run.loss.mean_gap == 0.0
   assert not any("truncated" in n for n in c.results[0].notes)
+
+
+def test_plugin_written_file_has_no_truncation_note(tmp_path):
+  # What the plugin's writer leaves for a fresh run with an eval after step 0 (tests/test_metrics_file.py):
+  # the eval's running snapshot and summary may come first (step 0), then every training step from 0.
+  b, _ = make_pair(tmp_path)
+  first = [json.dumps({"step": 0.0, "eval/avg_loss": 5.0, "eval/step_time_seconds": 0.1}),
+           json.dumps({"step": 0.0, "eval/avg_loss": 5.0, "eval/avg_z_loss": 0.0})]
+  r = write(tmp_path / "plugin.jsonl", [], first + [json.dumps(record(s, base_loss(s), 1.0)) for s in range(N)])
+  run = compare.load_run(r)
+  assert run.warnings == () and run.sorted_steps == list(range(N)) and run.running_evals == 1
+  assert run.eval_loss == {0: 5.0}
+  c = comparison.compare_runs([compare.load_run(b), run])
+  assert not any("truncated" in n for res in c.results for n in res.notes) and c.verdict == "PASS"
+
+
+def test_repeated_steps_last_record_wins_and_noted(tmp_path):
+  # a run resumed at step 3 appends steps 3.. again to the same file
+  recs = [record(s, 9.0, 1.0) for s in range(5)] + [record(s, base_loss(s), 1.0) for s in range(3, N)]
+  run = compare.load_run(write(tmp_path / "resumed.jsonl", recs))
+  assert run.repeated_steps == 2 and run.loss(3) == base_loss(3) and run.loss(2) == 9.0
+  assert run.warnings == ("2 training step(s) recorded more than once (e.g. a resumed run); the last record of "
+                          "each is used",)
+
+
+@pytest.mark.parametrize("first_run_step, verdict", [(48, comparison.INSUFFICIENT), (40, "PASS")])
+def test_overlap_below_the_minimum_is_insufficient_not_pass(tmp_path, capsys, first_run_step, verdict):
+  # 50 baseline steps vs 50 run steps starting at first_run_step: they share 50 - first_run_step steps;
+  # the minimum is min(20, ceil(0.2 * 50)) = 10. The run's loss is 48 % lower: on 2 steps that is no evidence.
+  b, _ = make_pair(tmp_path)
+  late = write(tmp_path / "late.jsonl", [record(s, 0.52 * base_loss(s), 1.0) for s in range(first_run_step,
+                                                                                            first_run_step + N)])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(late)], comparison.Options(tolerance=10))
+  res = c.results[1]
+  assert res.verdict == verdict and c.verdict == verdict
+  shared = N - first_run_step
+  assert comparison.min_overlap(N, N) == 10
+  if verdict == comparison.INSUFFICIENT:
+    assert c.exit_code == 1
+    assert any(n.startswith(f"insufficient overlap: {shared} common step(s) with the baseline, need at least 10")
+               for n in res.notes)
+    assert cli(["compare", b, late, "--out", str(tmp_path / "o"), "--no-plots", "--tolerance", "10"]) == 1
+    assert f"VERDICT: {comparison.INSUFFICIENT}" in capsys.readouterr().out
+  else:
+    assert c.exit_code == 0 and not any("insufficient" in n for n in res.notes)
+
+
+def test_diverged_run_throughput_from_finite_steps_only(tmp_path):
+  # the NaN steps record a tiny step time (an aborting step): it must not enter the median
+  b, r = make_pair(tmp_path, nan_at=30, run_extra=lambda s: {"perf/step_time_seconds": 1e-4} if s >= 30 else {})
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)])
+  tp = c.results[1].throughput
+  # steps 0..29 are finite: warm-up max(1, 30 // 10) = 3 -> steps 0..3 skipped, 4..29 measured (26 steps):
+  # two 10 s steps (4, 5) and 24 fast ones (6..29); the median is the mean of the 13th and 14th smallest
+  # = steps 18 and 19.
+  assert (tp.skipped, tp.measured, tp.diverged_steps) == (4, 26, 20)
+  assert tp.median_step_time == pytest.approx(0.8 + 0.001 * 18.5, rel=1e-12)
+  assert tp.tokens_per_sec == pytest.approx(2048.0 / (0.8 + 0.001 * 18.5), rel=1e-12)
+  assert any("before the first non-finite loss" in n for n in c.results[1].notes)
+  assert c.results[0].throughput.diverged_steps == 0
+
+
+def test_non_finite_labels_do_not_overprint(tmp_path):
+  b, r = make_pair(tmp_path, nan_at=30)
+  (tmp_path / "x").mkdir()
+  _, r2 = make_pair(tmp_path / "x", nan_at=30)
+  c = comparison.compare_runs([compare.load_run(r), compare.load_run(f"again={r2}"), compare.load_run(b)])
+  fig = plots.loss_figure(c)
+  labels = {t.get_gid(): t for t in fig.axes[0].texts if (t.get_gid() or "").startswith("nonfinite:")}
+  assert set(labels) == {"nonfinite:nvfp4", "nonfinite:again"}
+  (x1, y1), (x2, y2) = (t.xy for t in labels.values())
+  assert x1 == x2 == 30 and abs(y1 - y2) >= 0.05  # same step, different heights
+  fig.canvas.draw()
+  boxes = [t.get_window_extent() for t in labels.values()]
+  assert not boxes[0].overlaps(boxes[1])

@@ -47,13 +47,14 @@ def test_embedded_corpus_is_stdlib_sources_with_manifest(embedded):
   # Deterministic order: a top-down walk with sorted directories and sorted file names.
   assert paths == sorted(paths, key=lambda p: (os.path.dirname(p).split(os.sep), os.path.basename(p)))
   assert len(paths) > 5 and all(p.endswith(".py") for p in paths)
-  contents = {}
+  contents, content_hash = {}, hashlib.sha256()
   for rec in m["inputs"]:
     assert not any(part in ("test", "tests") for part in rec["path"].split(os.sep)), rec["path"]
     with open(os.path.join(stdlib, rec["path"]), "rb") as f:
       raw = f.read()
     assert hashlib.sha256(raw).hexdigest() == rec["sha256"]
     contents[raw.decode()] = rec["path"]
+    content_hash.update(hashlib.sha256(raw.decode().encode()).hexdigest().encode() + b"\n")  # one doc per file
   assert set(train) | set(evals) == set(contents)
   assert not set(train) & set(evals)
   # Size cap respected; totals recorded.
@@ -63,11 +64,8 @@ def test_embedded_corpus_is_stdlib_sources_with_manifest(embedded):
   # The split rule of the docstring.
   for d in evals:
     assert int(hashlib.sha256(d.encode()).hexdigest()[:8], 16) / 2**32 < opts.eval_fraction or len(evals) == 1
-  # Content hash = sha256 over (path, file sha256) lines.
-  h = hashlib.sha256()
-  for rec in m["inputs"]:
-    h.update(f"{rec['path']}\0{rec['sha256']}\n".encode())
-  assert m["source"]["content_sha256"] == h.hexdigest()
+  # Content hash = sha256 over the documents' sha256 hex digests, one line each, in input order.
+  assert m["source"]["content_sha256"] == content_hash.hexdigest()
   # Output files hashed in the manifest.
   for e in m["splits"]["train"]["files"] + m["splits"]["eval"]["files"]:
     with open(os.path.join(opts.out, e["name"]), "rb") as f:
@@ -177,7 +175,7 @@ def test_bad_inputs_fail_with_one_line_and_exit_2(tmp_path, name, content, expec
   r = _cli(["--input", str(path), "--out", str(tmp_path / "out"), "--tokenizer", "none"], cwd=tmp_path)
   assert r.returncode == 2, r.stderr
   lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-  assert len(lines) == 1 and lines[0].startswith("prepare-data: error:") and expect in lines[0], r.stderr
+  assert len(lines) == 1 and lines[0].startswith("maxtext-nvfp4 prepare-data: error:") and expect in lines[0], r.stderr
   assert not (tmp_path / "out" / "manifest.json").exists()
 
 
@@ -189,3 +187,102 @@ def test_cli_default_output_is_data_embedded(tmp_path):
   assert "dataset ready" in r.stdout and "grain_train_files=" in r.stdout
   r2 = _cli(["--max-mb", "0.15", "--vocab-size", "300"], cwd=tmp_path)
   assert r2.returncode == 0 and "up to date" in r2.stderr
+
+
+def test_long_line_without_whitespace_is_fast(tmp_path):
+  """A 30 MB line without whitespace (issue 20: BPE training ran for > 10 min): cut into --max-doc-kb
+  documents, and no BPE pre-token longer than RUN_CAP characters."""
+  import time  # pylint: disable=import-outside-toplevel
+  from tokenizers import Tokenizer, pre_tokenizers  # pylint: disable=import-outside-toplevel
+
+  src = tmp_path / "line.txt"
+  src.write_text("a b c\n" * 300 + "x" * (30 << 20) + "\n", encoding="utf-8")
+  t0 = time.monotonic()
+  m, _ = data.prepare(data.PrepareOptions(inputs=(str(src),), out=str(tmp_path / "o"), vocab_size=300),
+                      progress=False, log=lambda msg: None)
+  assert time.monotonic() - t0 < 30
+  docs = _rows(str(tmp_path / "o"), "train") + _rows(str(tmp_path / "o"), "eval")
+  assert max(len(d) for d in docs) <= 64 * 1024 and m["source"]["bytes_used"] <= 8e6
+  assert sum(d.count("x") for d in docs) == m["source"]["bytes_used"] - 1800  # the 'a b c' lines come first
+  tok = Tokenizer.from_file(os.path.join(m["tokenizer"]["path"], "tokenizer.json"))
+  long_run = "y" * 1000 + " " * 600 + "z"
+  pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(long_run)]
+  assert max(len(p) for p in pieces) <= data.RUN_CAP and tok.decode(tok.encode(long_run).ids) == long_run
+  # Text without such runs is pre-tokenized exactly as by the plain byte-level pre-tokenizer.
+  text = "def f(x):\n    return {'a': [1, 2.5e-3]}  # caf\u00e9\n" * 3
+  plain = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  assert tok.pre_tokenizer.pre_tokenize_str(text) == plain.pre_tokenize_str(text)
+
+
+def test_content_hash_follows_the_extracted_text(tmp_path):
+  src = tmp_path / "in.jsonl"
+  src.write_text("\n".join(json.dumps({"text": f"doc {i}", "body": f"other {i}"}) for i in range(10)) + "\n")
+  hashes = {}
+  for field in ("text", "body", "text"):
+    m, _ = data.prepare(data.PrepareOptions(inputs=(str(src),), out=str(tmp_path / field), tokenizer="none",
+                                            text_field=field), progress=False, log=lambda msg: None)
+    hashes.setdefault(field, set()).add(m["source"]["content_sha256"])
+  assert len(hashes["text"]) == 1 and hashes["text"] != hashes["body"]
+  # the same documents from a renamed file: the same content hash
+  moved = tmp_path / "moved.jsonl"
+  moved.write_bytes(src.read_bytes())
+  m, _ = data.prepare(data.PrepareOptions(inputs=(str(moved),), out=str(tmp_path / "moved"), tokenizer="none"),
+                      progress=False, log=lambda msg: None)
+  assert {m["source"]["content_sha256"]} == hashes["text"]
+
+
+def _dataset_intact(out, manifest) -> None:
+  """Every file the manifest lists is there with its sha256, and prepare with its options does nothing."""
+  for e in manifest["splits"]["train"]["files"] + manifest["splits"]["eval"]["files"]:
+    with open(os.path.join(out, e["name"]), "rb") as f:
+      assert hashlib.sha256(f.read()).hexdigest() == e["sha256"]
+  with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+    assert json.load(f) == manifest
+  assert sorted(n for n in os.listdir(out) if n.endswith(".parquet")) == sorted(
+      e["name"] for e in manifest["splits"]["train"]["files"] + manifest["splits"]["eval"]["files"])
+
+
+def test_interrupted_rebuild_leaves_the_previous_dataset_usable(tmp_path, monkeypatch):
+  src = tmp_path / "in.jsonl"
+  src.write_text("\n".join(json.dumps({"text": f"document {i}: " + "word " * (i % 9)}) for i in range(60)) + "\n")
+  out = str(tmp_path / "ds")
+  old_opts = data.PrepareOptions(inputs=(str(src),), out=out, vocab_size=300, shard_mb=0.0005)
+  old, _ = data.prepare(old_opts, progress=False, log=lambda msg: None)
+  assert len(old["splits"]["train"]["files"]) > 1
+  build, previous = data._build_paths(out)  # pylint: disable=protected-access
+  new_argv = ["--input", str(src), "--out", out, "--vocab-size", "300", "--quiet"]  # 1 shard, other split
+
+  # SIGKILL during BPE training (after the new parquet files were written): no cleanup runs at all.
+  child = ("import os, signal, sys\nfrom maxtext_nvfp4.tools import data\n"
+           "data._train_bpe = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+           f"sys.exit(data.cli_main({new_argv!r}))\n")
+  r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+  assert r.returncode == -9, r.stderr
+  assert os.path.isdir(build) and any(n.startswith("train-") for n in os.listdir(build))  # it was mid-build
+  _dataset_intact(out, old)
+  m, rebuilt = data.prepare(old_opts, progress=False, log=lambda msg: None)
+  assert not rebuilt and m == old
+
+  # Ctrl-C during BPE: the build directory is removed too.
+  def interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(data, "_train_bpe", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    data.cli_main(new_argv)
+  assert not os.path.exists(build)
+  _dataset_intact(out, old)
+  monkeypatch.undo()
+
+  # Killed between the swap's two renames: the next run puts the previous dataset back.
+  os.rename(out, previous)
+  m, rebuilt = data.prepare(old_opts, progress=False, log=lambda msg: None)
+  assert not rebuilt and m == old and not os.path.exists(previous)
+  _dataset_intact(out, old)
+
+  # A completed rebuild replaces it whole (no shard of the old one left).
+  assert data.cli_main(new_argv) == 0
+  with open(os.path.join(out, "manifest.json"), encoding="utf-8") as f:
+    new = json.load(f)
+  _dataset_intact(out, new)
+  assert len(new["splits"]["train"]["files"]) == 1 and not os.path.exists(build)

@@ -7,7 +7,9 @@ import types
 import pytest
 
 import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
-from maxtext_helpers import read_metrics, tiny_argv
+from maxtext_helpers import losses, read_metrics, tiny_argv
+
+from maxtext_nvfp4.tools import metrics
 
 from maxtext.common import metric_logger  # pylint: disable=wrong-import-order
 
@@ -56,6 +58,30 @@ def test_resumed_run_appends(tmp_path):
   assert _records(path) == [(7.0, 1.0, None), (0.0, None, 3.0), (5.0, 2.0, None)]
 
 
+def test_plugin_written_file_reads_without_truncation_note(tmp_path):
+  # The order MaxText writes a run with eval_interval=2: the eval at step 0 first (running snapshot, summary),
+  # then training records; the next eval's first snapshot has eval step 0 again.
+  path = tmp_path / "m.jsonl"
+  path.write_text(OLD)
+  write = _logger(path)
+  write({"eval/avg_loss": 3.0, "eval/step_time_seconds": 0.1}, 0)
+  write({"eval/avg_loss": 3.0, "eval/avg_z_loss": 0.0}, 0)
+  for s in range(3):
+    write({"learning/loss": 2.0 - s}, s)
+  write({"eval/avg_loss": 2.5, "eval/step_time_seconds": 0.1}, 0)
+  write({"eval/avg_loss": 2.5, "eval/avg_z_loss": 0.0}, 2)
+  run = metrics.read(path)
+  assert run.warnings == () and run.malformed == 0 and run.repeated_steps == 0
+  assert losses(str(path)) == {0: 2.0, 1: 1.0, 2: 0.0}
+  assert run.eval_loss == {0: 3.0, 2: 2.5} and run.running_evals == 2
+  # What plain MaxText 0.2.5 leaves of the same run (truncated at the second eval's step-0 snapshot) is flagged.
+  path.write_text("".join(line + "\n" for line in path.read_text().splitlines()[5:]))
+  assert metrics.read(path, strict=False).steps == {}
+  path.write_text(path.read_text() + '{"step": 3.0, "learning/loss": -1.0}\n')
+  assert metrics.read(path).warnings[0].startswith(
+      "m.jsonl starts with an eval record and its first training step is 3: plain MaxText truncated it")
+
+
 @pytest.mark.slow
 def test_run_with_eval_keeps_every_training_step(tmp_path):
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
@@ -73,3 +99,6 @@ def test_run_with_eval_keeps_every_training_step(tmp_path):
   assert evals == [0, 2]
   # Both evals' running snapshots (eval steps 0 and 1) survive too: nothing was truncated after the start.
   assert [int(r["step"]) for r in recs if "eval/step_time_seconds" in r] == [0, 1, 0, 1]
+  # and the package's reader takes it as complete: no truncation note, every step, both evals
+  run = metrics.read(os.path.join(str(tmp_path), "ev.jsonl"))
+  assert run.warnings == () and run.sorted_steps == list(range(steps)) and sorted(run.evals) == [0, 2]

@@ -250,7 +250,7 @@ def parse_log(text: str) -> tuple[dict[int, float], dict[int, float], dict[int, 
 def summarize(spec: RunSpec, *, rc: int, wall_s: float, steps: int) -> dict:
   """result.json of a finished run: losses from the metrics file (full precision) where MaxText kept them,
   else from the log (3 decimals; MaxText 0.2.5 truncates metrics_file at each eval)."""
-  from maxtext_nvfp4.tools import compare
+  from maxtext_nvfp4.tools import metrics as metrics_io  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import reproduce  # pylint: disable=import-outside-toplevel
 
   log = (spec.out / "train.log").read_text(encoding="utf8", errors="replace")
@@ -258,15 +258,12 @@ def summarize(spec: RunSpec, *, rc: int, wall_s: float, steps: int) -> dict:
   metrics = spec.out / "metrics.jsonl"
   merged = metrics
   if metrics.exists():
-    logged = {s: {"step": s, compare.LOSS: v, compare.STEP_TIME: secs.get(s), "source": "log"}
+    logged = {s: {"step": s, metrics_io.LOSS: v, metrics_io.STEP_TIME: secs.get(s), "source": metrics_io.SOURCE_LOG}
               for s, v in train.items()}
     merged, _ = reproduce.recover_missing_steps(metrics, logged)
-    try:
-      run = compare.load_run(str(merged))
-      train.update({s: float(r[compare.LOSS]) for s, r in run.steps.items() if r.get("source") != "log"})
-      evals.update(run.eval_loss)
-    except compare.InputError:
-      pass
+    run = metrics_io.read(metrics, strict=False)  # full-precision values where the file kept them
+    train.update({s: r[metrics_io.LOSS] for s, r in run.steps.items() if r.get("source") != metrics_io.SOURCE_LOG})
+    evals.update(run.eval_loss)
   order = sorted(train)
   n_tail = max(1, math.ceil(steps / 10))
   tail = [train[s] for s in order[-n_tail:]]

@@ -17,13 +17,26 @@ Sources:
   until ``--max-mb`` of text is collected. One document per file. Real text that is always present.
 * ``--input PATH ...``: local files or directories: ``*.jsonl`` / ``*.json`` (JSON lines with a ``text``
   field, e.g. C4 shards), the same gzip-compressed (``*.json.gz``, ``*.jsonl.gz``), and plain text (any
-  other suffix; one document per file, cut at line boundaries into ``--max-doc-kb`` pieces).
+  other suffix except known binary/compressed ones; one document per file, cut at line boundaries into
+  ``--max-doc-kb`` pieces, and a longer line into ``--max-doc-kb`` pieces of its own).
 
 Split: document ``d`` goes to eval iff ``int(sha256(d)[:8], 16) / 2**32 < eval_fraction`` (stable under
 reordering and corpus growth); if that leaves a split empty, the last document is moved.
+``content_sha256`` = sha256 over the documents used, in order, each as ``sha256(d).hexdigest() + "\\n"``:
+it changes exactly when the extracted text does (e.g. another ``--text-field``).
+
+BPE tokenizer: GPT-2 style byte-level BPE whose pre-tokenizer first isolates every run of ``RUN_CAP``
+non-space (or space) characters, so no pre-token is longer than ``RUN_CAP``: BPE training cost grows with
+the square of a pre-token's length (a 1 MB line without whitespace took minutes), and text without such
+runs tokenizes exactly as with the plain byte-level pre-tokenizer.
+
+Atomic: the dataset is built in ``.OUT_NAME.prepare-data-build`` beside ``OUT`` and swapped in at the end
+(two renames), so an interrupted run leaves the previous dataset as it was. ``OUT`` must be new, empty or
+a prepare-data output (no other files: the swap replaces the directory).
 
 Idempotence: a run whose inputs (path, size, mtime), options and output files (size, sha256) all match
-the existing manifest does nothing. Errors (missing/empty/undecodable input) print one line and exit 2.
+the existing manifest does nothing. Every bad option, path or input is one line and exit code 2, checked
+before anything is written.
 """
 
 from __future__ import annotations
@@ -35,17 +48,28 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import shutil
 import sys
 import sysconfig
 import time
 from typing import Iterable, Iterator
 
-FORMAT_VERSION = 1
+from maxtext_nvfp4.tools import cli
+
+FORMAT_VERSION = 2  # 2: content_sha256 over the documents; BPE pre-tokens capped at RUN_CAP characters
+PROG = "maxtext-nvfp4 prepare-data"
 DEFAULT_OUT = os.path.join("data", "embedded")  # relative to the working dir; the demo recipes use it
 # Directories never taken from the stdlib: tests are repetitive fixtures, the rest is not stdlib text.
 _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "lib2to3"}
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+# Longest BPE pre-token (characters): longer runs of non-space (or space) characters are cut.
+RUN_CAP = 256
+# Input suffixes that are never text (the fix: decompress / convert to JSON lines or plain text first).
+_BINARY_SUFFIXES = (".parquet", ".arrow", ".zip", ".tar", ".tgz", ".bz2", ".xz", ".zst", ".7z", ".npy", ".npz",
+                    ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".bin", ".safetensors", ".pkl")
+# What prepare-data writes into OUT (anything else there is the user's, and OUT is then refused).
+_OUTPUT_NAMES = ("manifest.json", "tokenizer", "tokenizer_llama3.tiktoken")
 
 
 class DataError(Exception):
@@ -110,18 +134,65 @@ def _embedded_files(opts: PrepareOptions) -> list[str]:
 
 
 def _expand_inputs(inputs: Iterable[str]) -> list[str]:
+  """The input files (directories walked in sorted order, hidden entries skipped), each checked readable
+  and of a text suffix."""
   files = []
   for p in inputs:
     if os.path.isdir(p):
-      found = sorted(os.path.join(d, f) for d, _, fs in os.walk(p) for f in fs if not f.startswith("."))
+      found = []
+      for d, dirs, fs in os.walk(p):
+        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
+        found += [os.path.join(d, f) for f in sorted(fs) if not f.startswith(".")]
       if not found:
-        raise DataError(f"input directory {p!r} contains no files")
+        raise DataError(f"input directory {p!r} contains no files; pass a directory of text/JSONL files")
       files += found
     elif os.path.isfile(p):
       files.append(p)
+    elif os.path.exists(p):
+      raise DataError(f"input {p!r} is not a regular file or directory; pass text/JSONL files or directories")
     else:
-      raise DataError(f"input {p!r} does not exist")
+      raise DataError(f"input {p!r} does not exist; check the --input path")
+  for f in files:
+    suffix = next((x for x in _BINARY_SUFFIXES if f.lower().endswith(x)), None)
+    if suffix:
+      raise DataError(f"input {f!r}: {suffix} files are not read; convert it to JSON lines (.jsonl, .json.gz) "
+                      "or plain text")
+    if not os.access(f, os.R_OK):
+      raise DataError(f"input {f!r} is not readable; check its permissions")
   return files
+
+
+def _build_paths(out: str) -> tuple[str, str]:
+  """(build dir, previous-dataset dir during the swap): hidden siblings of ``out``."""
+  parent, name = os.path.split(out)
+  return os.path.join(parent, f".{name}.prepare-data-build"), os.path.join(parent, f".{name}.prepare-data-old")
+
+
+def _is_output_name(name: str) -> bool:
+  return name in _OUTPUT_NAMES or (name.startswith(("train-", "eval-")) and name.endswith((".parquet", ".parquet.tmp")))
+
+
+def _check_out(out: str, inputs: Iterable[str], files: list[str]) -> None:
+  """``out`` (absolute) can be replaced by a new dataset: a new, empty or prepare-data directory in a
+  writable parent, holding none of the input files and outside every input directory."""
+  if os.path.lexists(out) and not os.path.isdir(out):
+    raise DataError(f"--out {out} exists and is not a directory; pass a new or dataset directory")
+  if os.path.isdir(out):
+    foreign = sorted(n for n in os.listdir(out) if not _is_output_name(n))
+    if foreign:
+      raise DataError(f"--out {out} holds files prepare-data did not write ({', '.join(foreign[:3])}"
+                      f"{', ...' if len(foreign) > 3 else ''}) and the new dataset replaces the directory; "
+                      "pass a new or empty --out")
+  existing = next(d for d in pathlib.Path(out).parents if d.exists())
+  if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    raise DataError(f"--out {out}: {existing} is not a writable directory; pass another --out")
+  for d in (os.path.abspath(p) for p in inputs if os.path.isdir(p)):
+    if os.path.commonpath([d, out]) == d:
+      raise DataError(f"--out {out} is inside the input directory {d}, whose files are all read; pass an "
+                      "--out outside it")
+  for f in files:
+    if os.path.commonpath([os.path.abspath(f), out]) == out:
+      raise DataError(f"input {f!r} is inside --out {out}, which the new dataset replaces; pass another --out")
 
 
 def _is_json(path: str) -> bool:
@@ -138,8 +209,11 @@ def _read_text(path: str, data: bytes) -> str:
 
 def _file_documents(path: str, opts: PrepareOptions) -> Iterator[str]:
   """Documents of one input file (see the module docstring for the formats)."""
-  with open(path, "rb") as f:
-    raw = f.read()
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise DataError(f"{path}: cannot read ({e.strerror}); check the file") from None
   if path.endswith(".gz"):
     try:
       raw = gzip.decompress(raw)
@@ -160,12 +234,14 @@ def _file_documents(path: str, opts: PrepareOptions) -> Iterator[str]:
         yield obj[opts.text_field]
   elif opts.inputs:
     piece, size, limit = [], 0, opts.max_doc_kb * 1024
-    for line in text.splitlines(keepends=True):
-      if size + len(line) > limit and piece:
-        yield "".join(piece)
-        piece, size = [], 0
-      piece.append(line)
-      size += len(line)
+    for whole in text.splitlines(keepends=True):
+      for line in (whole[i:i + limit] for i in range(0, len(whole), limit)):  # a long line: limit-sized cuts
+        if size + len(line) > limit and piece:
+          if "".join(piece).strip():
+            yield "".join(piece)
+          piece, size = [], 0
+        piece.append(line)
+        size += len(line)
     if "".join(piece).strip():
       yield "".join(piece)
   elif text.strip():  # embedded stdlib file: one document
@@ -241,15 +317,19 @@ def maxtext_tokenizer_assets() -> str:
   return os.path.join(list(spec.submodule_search_locations)[0], "assets", "tokenizers")
 
 
-def _train_bpe(out_dir: str, docs: list[str], vocab_size: int) -> dict:
+def _train_bpe(out_dir: str, docs: list[str], vocab_size: int, *, recorded_dir: str) -> dict:
   """Train a byte-level BPE on ``docs`` and save a HF tokenizer dir MaxText loads with
-  ``tokenizer_type=huggingface``: ``tokenizer.json`` (post-processor adds ``<s>`` ... ``</s>``, which
-  is what MaxText's add_bos/add_eos ask for) and ``tokenizer_config.json`` (bos/eos/pad tokens)."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=import-outside-toplevel
+  ``tokenizer_type=huggingface`` into ``out_dir`` (its manifest entry names ``recorded_dir``, where it will
+  live): ``tokenizer.json`` (pre-tokens of at most ``RUN_CAP`` characters, see the module doc;
+  post-processor adds ``<s>`` ... ``</s>``, which is what MaxText's add_bos/add_eos ask for) and
+  ``tokenizer_config.json`` (bos/eos/pad tokens)."""
+  from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # pylint: disable=import-outside-toplevel
 
   specials = [PAD, BOS, EOS]
   tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.Split(Regex(rf"\S{{{RUN_CAP}}}|\s{{{RUN_CAP}}}"), behavior="isolated"),
+      pre_tokenizers.ByteLevel(add_prefix_space=False)])
   tok.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -264,25 +344,32 @@ def _train_bpe(out_dir: str, docs: list[str], vocab_size: int) -> dict:
     json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
                "pad_token": PAD, "add_bos_token": True, "add_eos_token": True,
                "model_max_length": 1 << 30}, f, indent=2)
-  return {"type": "huggingface", "path": os.path.abspath(out_dir), "vocab_size": tok.get_vocab_size(),
+  return {"type": "huggingface", "path": recorded_dir, "vocab_size": tok.get_vocab_size(),
           "pad_id": ids[PAD], "bos_id": ids[BOS], "eos_id": ids[EOS],
           "sha256": _sha256_file(os.path.join(out_dir, "tokenizer.json"))}
 
 
-def _tokenizer_info(opts: PrepareOptions, out: str, train_docs: list[str]) -> dict | None:
+def _llama3_asset() -> str:
+  src = os.path.join(maxtext_tokenizer_assets(), "tokenizer_llama3.tiktoken")
+  if not os.path.isfile(src):
+    raise DataError(f"Llama 3 tokenizer asset {src!r} not found in the installed MaxText; reinstall maxtext "
+                    "or pass --tokenizer bpe")
+  return src
+
+
+def _tokenizer_info(opts: PrepareOptions, build: str, out: str, train_docs: list[str]) -> dict | None:
+  """Write the tokenizer into ``build``; its manifest entry names the path under ``out``."""
   if opts.tokenizer == "none":
     return None
   if opts.tokenizer == "llama3":
     # Copied next to the data so recipes can use a relative path (MaxText's own default asset path is broken
     # for pip installs); the file name must contain "tiktoken" for MaxText's tokenizer_type=tiktoken.
-    src = os.path.join(maxtext_tokenizer_assets(), "tokenizer_llama3.tiktoken")
-    if not os.path.isfile(src):
-      raise DataError(f"Llama 3 tokenizer asset {src!r} not found in the installed MaxText")
-    dst = os.path.join(out, "tokenizer_llama3.tiktoken")
-    shutil.copyfile(src, dst)
-    return {"type": "tiktoken", "path": dst, "vocab_size": 128256, "bos_id": 128000, "eos_id": 128001,
-            "pad_id": -1, "sha256": _sha256_file(dst)}
-  return _train_bpe(os.path.join(out, "tokenizer"), train_docs, opts.vocab_size)
+    name = "tokenizer_llama3.tiktoken"
+    shutil.copyfile(_llama3_asset(), os.path.join(build, name))
+    return {"type": "tiktoken", "path": os.path.join(out, name), "vocab_size": 128256, "bos_id": 128000,
+            "eos_id": 128001, "pad_id": -1, "sha256": _sha256_file(os.path.join(build, name))}
+  return _train_bpe(os.path.join(build, "tokenizer"), train_docs, opts.vocab_size,
+                    recorded_dir=os.path.join(out, "tokenizer"))
 
 
 def maxtext_args(manifest: dict) -> list[str]:
@@ -333,21 +420,59 @@ def _up_to_date(manifest_path: str, signature: list[dict], options: dict) -> dic
   return m
 
 
-def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[dict, bool]:
-  """Build (or reuse) the dataset. Returns ``(manifest, rebuilt)``; raises :class:`DataError`."""
-  log = log or (lambda msg: print(msg, file=sys.stderr))
+def _check_options(opts: PrepareOptions) -> None:
+  """Every option in range (the CLI flag named in the message), before anything is read or written."""
+  numbers = (("--max-mb", opts.max_mb, True, "a finite number (<= 0: no cap)"),
+             ("--max-file-kb", opts.max_file_kb, opts.max_file_kb > 0, "> 0"),
+             ("--max-doc-kb", opts.max_doc_kb, opts.max_doc_kb > 0, "> 0"),
+             ("--eval-fraction", opts.eval_fraction, 0 < opts.eval_fraction < 1, "in (0, 1)"),
+             ("--shard-mb", opts.shard_mb, opts.shard_mb > 0, "> 0"),
+             ("--vocab-size", opts.vocab_size, opts.tokenizer != "bpe" or 259 <= opts.vocab_size <= 1 << 20,
+              "in [259, 1048576] (256 bytes + 3 special tokens at least)"))
+  for flag, value, ok, need in numbers:
+    if not (math.isfinite(value) and ok):
+      raise DataError(f"{flag}={value:g} must be {need}")
   if opts.tokenizer not in ("bpe", "llama3", "none"):
     raise DataError(f"--tokenizer={opts.tokenizer!r} is not allowed; choose one of: bpe, llama3, none")
-  if not 0 < opts.eval_fraction < 1:
-    raise DataError(f"--eval-fraction={opts.eval_fraction} must be in (0, 1)")
-  if opts.tokenizer == "bpe" and not 259 <= opts.vocab_size <= 1 << 20:
-    raise DataError(f"--vocab-size={opts.vocab_size} must be >= 259 (256 bytes + 3 special tokens)")
+  if not opts.text_field:
+    raise DataError("--text-field must name the JSON field holding the text (default: text)")
+  if opts.tokenizer == "llama3":
+    _llama3_asset()
+
+
+def _swap_in(build: str, out: str, previous: str) -> None:
+  """Replace ``out`` by ``build``: rename the old dataset aside, the new one in, then delete the old one.
+  Interrupted between the renames, :func:`_restore_interrupted_swap` puts the old one back."""
+  shutil.rmtree(previous, ignore_errors=True)
+  if os.path.isdir(out):
+    os.rename(out, previous)
+  os.rename(build, out)
+  shutil.rmtree(previous, ignore_errors=True)
+
+
+def _restore_interrupted_swap(out: str, previous: str, log) -> None:
+  if not os.path.lexists(out) and os.path.isdir(previous):
+    os.rename(previous, out)
+    log(f"prepare-data: restored {out} (a run was interrupted while replacing it)")
+
+
+def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[dict, bool]:
+  """Build (or reuse) the dataset. Returns ``(manifest, rebuilt)``; raises :class:`DataError`.
+
+  Checks every option and path first; builds into a hidden sibling of ``opts.out`` and swaps it in at the
+  end (module doc), so neither an error nor an interruption touches the previous dataset.
+  """
+  log = log or (lambda msg: print(msg, file=sys.stderr))
+  _check_options(opts)
   embedded = not opts.inputs
   files = _embedded_files(opts) if embedded else _expand_inputs(opts.inputs)
   if not files:
-    raise DataError("embedded corpus: no standard-library sources under the size caps" if embedded
-                    else "no input files")
+    raise DataError("embedded corpus: no standard-library sources under the size caps; raise --max-file-kb "
+                    "or --max-mb" if embedded else "no input files")
   out = os.path.abspath(opts.out)
+  _check_out(out, opts.inputs, [] if embedded else files)
+  build, previous = _build_paths(out)
+  _restore_interrupted_swap(out, previous, log)
   manifest_path = os.path.join(out, "manifest.json")
   signature = _input_signature(files)
   options = _options_record(opts)
@@ -360,86 +485,85 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
   cap = opts.max_mb * 1e6 if opts.max_mb > 0 else math.inf
   bar = _Progress(min(sum(s["size"] for s in signature), cap), "prepare-data: reading")
   bar.enabled = progress
-  docs, total, content = [], 0, hashlib.sha256()
+  docs, total = [], 0
   inputs_record, full = [], False
-  for path in files:
-    n_before = len(docs)
-    for doc in _file_documents(path, opts):
-      size = len(doc.encode("utf-8"))
-      if total + size > cap and docs:
-        full = True
+  try:
+    for path in files:
+      n_before = len(docs)
+      for doc in _file_documents(path, opts):
+        size = len(doc.encode("utf-8"))
+        if total + size > cap and docs:
+          full = True
+          break
+        docs.append(doc)
+        total += size
+        bar.update(size)
+      if not embedded and len(docs) == n_before and not full:
+        raise DataError(f"{path}: no text documents (empty file or only blank {opts.text_field!r} fields)")
+      inputs_record.append({"path": os.path.relpath(path, stdlib_dir()) if embedded else os.path.abspath(path),
+                            "size": os.path.getsize(path), "sha256": _sha256_file(path)})
+      if full:
         break
-      docs.append(doc)
-      total += size
-      bar.update(size)
-    if not embedded and len(docs) == n_before and not full:
-      raise DataError(f"{path}: no text documents (empty file or only blank {opts.text_field!r} fields)")
-    inputs_record.append({"path": os.path.relpath(path, stdlib_dir()) if embedded else os.path.abspath(path),
-                          "size": os.path.getsize(path), "sha256": _sha256_file(path)})
-    if full:
-      break
-  bar.close()
-  if not docs:
-    raise DataError("inputs contain no text")
-  for rec in inputs_record:
-    content.update(f"{rec['path']}\0{rec['sha256']}\n".encode())
-
-  # Split by content hash (see module docstring).
-  train, evals = [], []
-  for d in docs:
-    frac = int(hashlib.sha256(d.encode("utf-8")).hexdigest()[:8], 16) / 2**32
-    (evals if frac < opts.eval_fraction else train).append(d)
+  finally:
+    bar.close()
   if len(docs) < 2:
-    raise DataError(f"need at least 2 documents for a train/eval split, got {len(docs)}")
+    raise DataError(f"need at least 2 documents for a train/eval split, got {len(docs)}; add input text")
+
+  # Split by content hash (see module docstring); the content hash is over the same document hashes.
+  train, evals, content = [], [], hashlib.sha256()
+  for d in docs:
+    digest = hashlib.sha256(d.encode("utf-8")).hexdigest()
+    content.update(f"{digest}\n".encode())
+    (evals if int(digest[:8], 16) / 2**32 < opts.eval_fraction else train).append(d)
   if not evals:
     evals.append(train.pop())
   if not train:
     train.append(evals.pop())
 
-  os.makedirs(out, exist_ok=True)
-  if os.path.exists(manifest_path):
-    os.remove(manifest_path)  # a crash from here on leaves no stale "up to date" manifest
-  for name in os.listdir(out):
-    if name.endswith(".parquet") and name.startswith(("train-", "eval-")):
-      os.remove(os.path.join(out, name))
-  train_bytes = sum(len(d.encode("utf-8")) for d in train)
-  n_shards = max(1, min(len(train), math.ceil(train_bytes / (opts.shard_mb * 1e6))))
-  t0 = time.time()
-  splits = {
-      "train": {"documents": len(train), "text_bytes": train_bytes, "files": _write_split(out, "train", train, n_shards)},
-      "eval": {"documents": len(evals), "text_bytes": sum(len(d.encode()) for d in evals),
-               "files": _write_split(out, "eval", evals, 1)},
-  }
-  log(f"prepare-data: wrote {len(train)} train / {len(evals)} eval documents ({total / 1e6:.2f} MB) in"
-      f" {time.time() - t0:.1f}s")
-  if opts.tokenizer == "bpe":
-    log(f"prepare-data: training a {opts.vocab_size}-token byte-level BPE on the train split ...")
-  tokenizer = _tokenizer_info(opts, out, train)
-  source = ({"kind": "embedded", "description": "Python standard library *.py sources",
-             "stdlib_dir": stdlib_dir(), "python_version": sys.version.split()[0]}
-            if embedded else {"kind": "files"})
-  source.update({"files": len(inputs_record), "bytes_used": total, "content_sha256": content.hexdigest()})
-  manifest = {
-      "format_version": FORMAT_VERSION,
-      "out": out,
-      "source": source,
-      "inputs": inputs_record,
-      "input_signature": signature,
-      "options": options,
-      "splits": splits,
-      "tokenizer": tokenizer,
-  }
-  manifest["maxtext_args"] = maxtext_args(manifest)
-  with open(manifest_path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(manifest, f, indent=1)
-  os.replace(manifest_path + ".tmp", manifest_path)
+  shutil.rmtree(build, ignore_errors=True)  # left by an interrupted run
+  os.makedirs(build)
+  try:
+    train_bytes = sum(len(d.encode("utf-8")) for d in train)
+    n_shards = max(1, min(len(train), math.ceil(train_bytes / (opts.shard_mb * 1e6))))
+    t0 = time.time()
+    splits = {
+        "train": {"documents": len(train), "text_bytes": train_bytes,
+                  "files": _write_split(build, "train", train, n_shards)},
+        "eval": {"documents": len(evals), "text_bytes": sum(len(d.encode()) for d in evals),
+                 "files": _write_split(build, "eval", evals, 1)},
+    }
+    log(f"prepare-data: wrote {len(train)} train / {len(evals)} eval documents ({total / 1e6:.2f} MB) in"
+        f" {time.time() - t0:.1f}s")
+    if opts.tokenizer == "bpe":
+      log(f"prepare-data: training a {opts.vocab_size}-token byte-level BPE on the train split ...")
+    tokenizer = _tokenizer_info(opts, build, out, train)
+    source = ({"kind": "embedded", "description": "Python standard library *.py sources",
+               "stdlib_dir": stdlib_dir(), "python_version": sys.version.split()[0]}
+              if embedded else {"kind": "files"})
+    source.update({"files": len(inputs_record), "bytes_used": total, "content_sha256": content.hexdigest()})
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "out": out,
+        "source": source,
+        "inputs": inputs_record,
+        "input_signature": signature,
+        "options": options,
+        "splits": splits,
+        "tokenizer": tokenizer,
+    }
+    manifest["maxtext_args"] = maxtext_args(manifest)
+    with open(os.path.join(build, "manifest.json"), "w", encoding="utf-8") as f:
+      json.dump(manifest, f, indent=1)
+    _swap_in(build, out, previous)
+  finally:
+    shutil.rmtree(build, ignore_errors=True)
   return manifest, True
 
 
 def _parser() -> argparse.ArgumentParser:
   d = PrepareOptions()
-  ap = argparse.ArgumentParser(
-      prog="maxtext-nvfp4 prepare-data",
+  ap = cli.ArgumentParser(
+      prog=PROG,
       description="Build a local MaxText dataset (grain/parquet + tokenizer + manifest). Default: the"
       " embedded corpus (this Python's standard-library sources) into data/embedded/, which the demo"
       " recipes read.")
@@ -461,15 +585,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: list[str]) -> int:
-  args = _parser().parse_args(argv)
+  try:
+    args = _parser().parse_args(argv)
+  except SystemExit as e:  # --help: 0; a usage error: 2, after its one line on stderr
+    return int(e.code or 0)
   out = args.out or (os.path.join("data", "custom") if args.input else DEFAULT_OUT)
   opts = PrepareOptions(inputs=tuple(args.input), out=out, max_mb=args.max_mb, max_file_kb=args.max_file_kb,
                         max_doc_kb=args.max_doc_kb, eval_fraction=args.eval_fraction, shard_mb=args.shard_mb,
                         tokenizer=args.tokenizer, vocab_size=args.vocab_size, text_field=args.text_field)
   try:
-    manifest, _ = prepare(opts, progress=not args.quiet)
+    manifest, _ = prepare(opts, progress=not args.quiet and sys.stderr.isatty())
   except DataError as e:
-    print(f"prepare-data: error: {e}", file=sys.stderr)
+    print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2
   print(f"prepare-data: dataset ready in {manifest['out']} ({manifest['splits']['train']['documents']} train,"
         f" {manifest['splits']['eval']['documents']} eval documents; content sha256"

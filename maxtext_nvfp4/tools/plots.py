@@ -1,5 +1,7 @@
 """Slide-ready figures for ``compare``: ``loss.png`` (curves + gap panel) and ``throughput.png``.
 
+Drawn from a :class:`maxtext_nvfp4.tools.comparison.Comparison` (statistics); ``report`` writes the files.
+
 Figures are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot global state, no display
 needed) and returned, so tests can read the drawn data back: every curve carries a ``gid``
 (``raw:NAME``, ``smoothed:NAME``, ``gap:NAME``) and every bar a ``gid`` (``step_time:NAME``,
@@ -18,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from maxtext_nvfp4.tools import compare as _c  # noqa: E402
+from maxtext_nvfp4.tools.comparison import Comparison, moving_average  # noqa: E402
 
 _COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 
@@ -31,25 +33,28 @@ def _wrap(text: str, width: int = 110) -> str:
   return "\n".join(textwrap.wrap(text, width))
 
 
-def loss_figure(c: "_c.Comparison") -> Figure:
+def loss_figure(c: Comparison) -> Figure:
   """Top: raw (faint) and smoothed training loss per run; bottom: smoothed gap vs the baseline."""
   fig = Figure(figsize=(10, 7.5), dpi=100)
   FigureCanvasAgg(fig)
   top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  n_marked = 0  # non-finite-loss labels drawn so far: each one goes a line lower, so none overprints another
   for i, res in enumerate(c.results):
     steps = res.run.sorted_steps
-    loss = [res.run.steps[s][_c.LOSS] for s in steps]
+    loss = [res.run.loss(s) for s in steps]
     top.plot(steps, loss, color=_color(i), alpha=0.25, linewidth=0.8, gid=f"raw:{res.run.name}")
     finite = [(s, v) for s, v in zip(steps, loss) if math.isfinite(v)]
     if finite:
       fs, fv = zip(*finite)
-      top.plot(fs, _c.moving_average(fv, c.smooth), color=_color(i), linewidth=2,
+      top.plot(fs, moving_average(fv, c.smooth), color=_color(i), linewidth=2,
                label=res.run.name + (" (baseline)" if res.is_baseline else ""), gid=f"smoothed:{res.run.name}")
     bad = res.run.first_nonfinite_step()
     if bad is not None:
       top.axvline(bad, color=_color(i), linestyle=":", linewidth=1.5)
-      top.annotate(f"{res.run.name}: non-finite loss", (bad, 0.95), xycoords=("data", "axes fraction"),
-                   color=_color(i), fontsize=8, ha="right")
+      top.annotate(f"{res.run.name}: non-finite loss", (bad, 0.95 - 0.06 * n_marked),
+                   xycoords=("data", "axes fraction"), color=_color(i), fontsize=8, ha="right",
+                   gid=f"nonfinite:{res.run.name}")
+      n_marked += 1
   top.set_ylabel("training loss")
   title = f"Training loss (trailing {c.smooth}-step average)"
   top.set_title((_wrap(c.label) + "\n" if c.label else "") + title, fontsize=11)
@@ -64,8 +69,8 @@ def loss_figure(c: "_c.Comparison") -> Figure:
     if res.is_baseline or res.loss is None:
       continue
     ls = res.loss
-    gaps = [res.run.steps[s][_c.LOSS] - c.results[0].run.steps[s][_c.LOSS] for s in ls.steps]
-    bottom.plot(ls.steps, _c.moving_average(gaps, c.smooth), color=_color(i), linewidth=1.8,
+    gaps = [res.run.loss(s) - c.results[0].run.loss(s) for s in ls.steps]
+    bottom.plot(ls.steps, moving_average(gaps, c.smooth), color=_color(i), linewidth=1.8,
                 label=f"{res.run.name} − {c.results[0].run.name} (mean "
                       f"{'n/a' if ls.mean_gap is None else format(ls.mean_gap, '+.4f')})",
                 gid=f"gap:{res.run.name}")
@@ -87,7 +92,7 @@ def loss_figure(c: "_c.Comparison") -> Figure:
   return fig
 
 
-def throughput_figure(c: "_c.Comparison") -> Figure:
+def throughput_figure(c: Comparison) -> Figure:
   """Bars: median step time (annotated with the speedup) and tokens/s/device per run."""
   fig = Figure(figsize=(10, 4.5), dpi=100)
   FigureCanvasAgg(fig)
@@ -118,6 +123,3 @@ def throughput_figure(c: "_c.Comparison") -> Figure:
   fig.tight_layout()
   return fig
 
-
-def save(fig: Figure, path: str) -> None:
-  fig.savefig(path)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from maxtext_nvfp4.tools import compare
+from maxtext_nvfp4.tools import metrics as metrics_io  # (`metrics` names files here)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,14 +79,14 @@ def parse_step_line(line: str) -> dict | None:
   if not m:
     return None
   try:
-    rec = {"step": int(m.group(1)), compare.STEP_TIME: float(m.group(2)), compare.LOSS: float(m.group(3))}
-    for rx, key in ((_TFLOPS_RE, compare.TFLOPS_PER_SEC), (_TOKENS_RE, compare.TOKENS_PER_SEC)):
+    rec = {"step": int(m.group(1)), metrics_io.STEP_TIME: float(m.group(2)), metrics_io.LOSS: float(m.group(3))}
+    for rx, key in ((_TFLOPS_RE, metrics_io.TFLOPS_PER_SEC), (_TOKENS_RE, metrics_io.TOKENS_PER_SEC)):
       mm = rx.search(line)
       if mm:
         rec[key] = float(mm.group(1))
   except ValueError:
     return None
-  rec["source"] = "log"
+  rec["source"] = metrics_io.SOURCE_LOG
   return rec
 
 
@@ -222,32 +223,23 @@ def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool
   return rc, list(tail)
 
 
-def recover_missing_steps(metrics: Path, logged: dict[int, dict]) -> tuple[Path, int]:
+def recover_missing_steps(path: Path, logged: dict[int, dict]) -> tuple[Path, int]:
   """Rebuild training records the metrics file lost; returns (file to compare, number of steps rebuilt).
 
-  MaxText 0.2.5 truncates ``metrics_file`` at the first running-eval snapshot of every eval (it is written
-  with eval step 0), so with ``eval_interval`` set only the records since the last eval survive. Steps the
-  log showed but the file lacks are rebuilt from the ``completed step`` lines (values with 3 decimals,
-  marked ``"source": "log"``) into ``metrics_merged.jsonl`` beside it; running-eval snapshots are dropped.
+  Plain MaxText 0.2.5 truncates ``metrics_file`` at each eval (:mod:`maxtext_nvfp4.tools.metrics`), so only
+  the records since the last eval survive. Steps the log showed but the file lacks are rebuilt from the
+  ``completed step`` lines (values with 3 decimals, marked ``"source": "log"``) and written with the file's
+  training records and end-of-eval summaries, by step, into ``metrics_merged.jsonl`` beside it.
   """
-  kept, in_file = [], set()
-  if metrics.exists():
-    for line in metrics.read_text(encoding="utf8", errors="replace").splitlines():
-      try:
-        rec = json.loads(line)
-      except ValueError:
-        continue
-      if not isinstance(rec, dict) or compare.EVAL_RUNNING_MARKER in rec:
-        continue
-      kept.append(rec)
-      if compare.LOSS in rec and "step" in rec:
-        in_file.add(int(float(rec["step"])))
-  missing = sorted(set(logged) - in_file)
+  run = metrics_io.read(path, strict=False) if path.exists() else None
+  missing = sorted(set(logged) - set(run.steps if run else ()))
   if not missing:
-    return metrics, 0
-  merged = metrics.with_name("metrics_merged.jsonl")
-  recs = sorted([logged[s] for s in missing] + kept, key=lambda r: float(r.get("step", 0)))
-  merged.write_text("".join(json.dumps(r) + "\n" for r in recs), encoding="utf8")
+    return path, 0
+  merged = path.with_name("metrics_merged.jsonl")
+  train = {**(run.steps if run else {}), **{s: logged[s] for s in missing}}
+  recs = sorted([(s, 0, r) for s, r in train.items()] + [(s, 1, r) for s, r in (run.evals if run else {}).items()],
+                key=lambda x: x[:2])
+  merged.write_text("".join(json.dumps(r) + "\n" for _, _, r in recs), encoding="utf8")
   return merged, len(missing)
 
 

@@ -1,0 +1,173 @@
+"""The rendering of ``maxtext-nvfp4 compare``: the terminal summary, ``report.md`` and the plots' files.
+
+Reads a :class:`maxtext_nvfp4.tools.comparison.Comparison`; computes nothing new except formatting.
+Output files are written whole or not at all (a temporary file renamed over the old one), so an
+interrupted compare never leaves a half-written report or plot.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+from maxtext_nvfp4.tools.comparison import (INSUFFICIENT, MIN_OVERLAP_FRACTION, MIN_OVERLAP_STEPS, PUBLISHED_GAP,
+                                            Comparison)
+
+FLOPS_NOTE = ("TFLOP/s/device is MaxText's analytic count: quantized (FP8/NVFP4) GEMMs are counted as "
+              "bf16-equivalent FLOPs, so it measures speed, not low-precision FLOP rate.")
+
+
+def _f(v, fmt="{:.4f}", none="n/a"):
+  return none if v is None else fmt.format(v)
+
+
+def summary_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+  header = ["run", "steps", "median step (s)", "tokens/s/dev", "TFLOP/s/dev*", "speedup", "final loss",
+            "mean gap", "max gap", "rel. gap", "eval loss", "verdict"]
+  rows = []
+  for res in c.results:
+    tp, ls = res.throughput, res.loss
+    final = ls.final_loss if ls else None
+    if res.is_baseline:
+      # the baseline's final loss over the steps it shares with the first other run (else all its steps)
+      other = next((x.loss for x in c.results[1:] if x.loss), None)
+      if other:
+        final = other.final_loss_baseline
+      else:
+        vals = [res.run.loss(s) for s in res.run.sorted_steps]
+        k = max(1, math.ceil(len(vals) / 10))
+        final = math.fsum(vals[-k:]) / k
+    evals = res.run.eval_loss
+    ev = ls.eval_loss if ls else (evals[max(evals)] if evals else None)
+    rows.append([
+        res.run.name, str(len(res.run.steps)), _f(tp.median_step_time), _f(tp.tokens_per_sec, "{:.1f}"),
+        _f(tp.tflops_per_sec, "{:.3f}"), "1.000x" if res.is_baseline else _f(tp.speedup, "{:.3f}x"),
+        _f(final), "-" if res.is_baseline else _f(ls and ls.mean_gap, "{:+.4f}"),
+        "-" if res.is_baseline else _f(ls and ls.max_gap, "{:+.4f}"),
+        "-" if res.is_baseline else _f(ls and ls.relative_gap and 100 * ls.relative_gap, "{:+.2f}%"),
+        _f(ev), res.verdict,
+    ])
+  return header, rows
+
+
+def _text_table(header, rows) -> str:
+  widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+  fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))
+  return "\n".join([fmt(header), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+
+def _md_table(header, rows) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+  return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def definitions(c: Comparison) -> list[str]:
+  o = c.options
+  base = c.results[0]
+  w = ("--warmup " + str(o.warmup)) if o.warmup is not None else "max(1, n//10)"
+  return [
+      f"- Baseline: **{base.run.name}**. Throughput uses each run's steps before its first non-finite loss; "
+      f"warm-up: the first of them (XLA compile) plus {w} more are skipped: " + ", ".join(f"{r.run.name} {r.throughput.skipped} skipped / "
+                                       f"{r.throughput.measured} measured" for r in c.results) + ".",
+      "- Median step time: median of `perf/step_time_seconds` over the measured steps; tokens/s/device and "
+      "TFLOP/s/device = MaxText's per-device tokens / TFLOPs per step divided by that median; speedup = "
+      "baseline median step time / run median step time.",
+      f"- \\* {FLOPS_NOTE}",
+      "- Loss numbers use the steps both the run and the baseline recorded (cut before the first non-finite "
+      "loss). Final loss: mean of the last max(1, ceil(n/10)) of those steps.",
+      f"- Converged part: those steps from position floor({o.converged_from:g}·n) on (the first "
+      f"{100 * o.converged_from:g} % dropped). Mean gap: mean of (run − baseline) loss over it; max gap: "
+      f"max of the trailing {c.smooth}-step moving average of the gap, taken within it; relative gap: mean gap / mean "
+      "baseline loss over it.",
+      f"- Verdict: PASS when mean gap ≤ {o.tolerance:g} nats and the loss stays finite "
+      f"(NVIDIA's published Llama-3 8B NVFP4 vs FP8 gap: +{PUBLISHED_GAP}); {INSUFFICIENT} when the run "
+      f"and the baseline share fewer than min({MIN_OVERLAP_STEPS}, ceil({MIN_OVERLAP_FRACTION:g}·m)) steps "
+      "(m: the longer run's step count).",
+  ]
+
+
+def diagnostics_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+  header = ["metric", "run", "samples", "last (step)", "mean"]
+  rows = []
+  keys = sorted({k for r in c.results for k in r.run.diagnostics})
+  for k in keys:
+    for r in c.results:
+      vals = r.run.diagnostics.get(k)
+      if not vals:
+        continue
+      finite = [v for _, v in vals if math.isfinite(v)]
+      mean = math.fsum(finite) / len(finite) if finite else None
+      rows.append([k, r.run.name, str(len(vals)), f"{vals[-1][1]:.4g} ({vals[-1][0]})", _f(mean, "{:.4g}")])
+  return header, rows
+
+
+def render_markdown(c: Comparison, plots: Sequence[str] = ()) -> str:
+  header, rows = summary_rows(c)
+  out = ["# maxtext-nvfp4 compare", ""]
+  if c.label:
+    out += [f"**{c.label}**", ""]
+  out += [f"**Verdict: {c.verdict}** (tolerance {c.options.tolerance:g} nats on the mean gap)", "",
+          _md_table(header, rows), ""]
+  out += definitions(c) + [""]
+  notes = [f"- {r.run.name}: {n}" for r in c.results for n in r.notes]
+  if notes:
+    out += ["## Notes", ""] + notes + [""]
+  evals = [r for r in c.results if r.run.eval_loss]
+  if evals:
+    out += ["## Eval loss (`eval/avg_loss`, last eval)", "", _md_table(
+        ["run", "step", "eval loss", "gap vs baseline"],
+        [[r.run.name, str(max(r.run.eval_loss)), f"{r.run.eval_loss[max(r.run.eval_loss)]:.4f}",
+          "-" if r.is_baseline or not (r.loss and r.loss.eval_loss_baseline is not None)
+          else f"{r.loss.eval_loss - r.loss.eval_loss_baseline:+.4f}"] for r in evals]), ""]
+  dh, dr = diagnostics_rows(c)
+  if dr:
+    out += ["## NVFP4 diagnostics (`nvfp4/*` metrics)", "", _md_table(dh, dr), ""]
+  out += ["## Inputs", ""] + [f"- {r.run.name}: {', '.join(r.run.paths)}" for r in c.results] + [""]
+  for p in plots:
+    out += [f"![{Path(p).stem}]({Path(p).name})", ""]
+  return "\n".join(out)
+
+
+def render_terminal(c: Comparison) -> str:
+  header, rows = summary_rows(c)
+  lines = []
+  if c.label:
+    lines.append(c.label)
+  lines += [_text_table(header, rows), f"* {FLOPS_NOTE}"]
+  lines += [f"{r.run.name}: {n}" for r in c.results for n in r.notes]
+  dh, dr = diagnostics_rows(c)
+  if dr:
+    lines.append(f"nvfp4 diagnostics: {len({r[0] for r in dr})} metric(s), see report.md")
+  lines.append(f"VERDICT: {c.verdict}")
+  return "\n".join(lines)
+
+
+def _write_whole(path: Path, write) -> None:
+  """``write(tmp_path)``, then rename the temporary file over ``path`` (never a half-written file)."""
+  tmp = path.with_name(f".{path.name}.tmp")
+  try:
+    write(str(tmp))
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
+
+
+def write_outputs(c: Comparison, out_dir: str | os.PathLike, *, plots: bool = True) -> dict[str, str]:
+  """Write report.md (and loss.png, throughput.png unless ``plots`` is false) into ``out_dir``; returns
+  their paths by kind."""
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = {}
+  if plots:
+    from maxtext_nvfp4.tools import plots as figures  # pylint: disable=import-outside-toplevel  (matplotlib)
+
+    for kind, figure in (("loss", figures.loss_figure), ("throughput", figures.throughput_figure)):
+      paths[kind] = str(out / f"{kind}.png")
+      fig = figure(c)
+      _write_whole(Path(paths[kind]), lambda tmp, fig=fig: fig.savefig(tmp, format="png"))
+  paths["report"] = str(out / "report.md")
+  text = render_markdown(c, [paths[k] for k in ("loss", "throughput") if k in paths])
+  _write_whole(Path(paths["report"]), lambda tmp: Path(tmp).write_text(text, encoding="utf8"))
+  return paths
