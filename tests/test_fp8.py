@@ -1,4 +1,5 @@
-"""Tests of the exact FP8 current-scaling emulation (maxtext_nvfp4/core/fp8.py) against ml_dtypes casts."""
+"""Tests of the exact FP8 current-scaling emulation (maxtext_nvfp4/core/fp8.py, its rounding in core/formats.py)
+against ml_dtypes casts."""
 
 import jax
 import jax.numpy as jnp
@@ -6,11 +7,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import formats, fp8
 
 _ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 _MAX = {"e4m3": 448.0, "e5m2": 57344.0}
-_round_jit = jax.jit(fp8.round_to_format, static_argnums=1)
+_FMT = {"e4m3": formats.E4M3, "e5m2": formats.E5M2}
+_round_jit = jax.jit(formats.round_to_format, static_argnums=1)
 
 
 def _test_values(fmt, n=200_000, seed=0):
@@ -31,7 +33,7 @@ def _test_values(fmt, n=200_000, seed=0):
 def test_rounding_matches_ml_dtypes_bit_for_bit(fmt):
   v = _test_values(fmt)
   want = v.astype(_ML[fmt]).astype(np.float32)
-  for got in (np.asarray(fp8.round_to_format(jnp.asarray(v), fmt)), np.asarray(_round_jit(jnp.asarray(v), fmt))):
+  for got in (np.asarray(formats.round_to_format(jnp.asarray(v), _FMT[fmt])), np.asarray(_round_jit(jnp.asarray(v), _FMT[fmt]))):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # signed zeros too
 
 
@@ -39,7 +41,7 @@ def test_rounding_matches_ml_dtypes_bit_for_bit(fmt):
 def test_rounding_saturates_and_keeps_nan(fmt):
   mx = _MAX[fmt]
   v = jnp.asarray([mx * 1.03, -mx * 1.2, 1e30, -np.inf, np.inf, np.nan], jnp.float32)
-  got = np.asarray(fp8.round_to_format(v, fmt))
+  got = np.asarray(formats.round_to_format(v, _FMT[fmt]))
   np.testing.assert_array_equal(got[:5], [mx, -mx, mx, -mx, mx])
   assert np.isnan(got[5])
 

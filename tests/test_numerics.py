@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core import nvfp4 as nv
 
 # ================================================================================================
@@ -399,6 +400,10 @@ def test_batched_leading_dims_and_negative_axis():
 # ================================================================================================
 # 3. Element rounding vs ml_dtypes casts (millions of values)
 # ================================================================================================
+_e2m1_jit = jax.jit(lambda v: formats.round_to_format(v, formats.E2M1))
+_e4m3_jit = jax.jit(lambda v: formats.round_to_format(v, formats.E4M3))
+
+
 def _e2m1_inputs(n=2_000_000, seed=0):
   rng = np.random.default_rng(seed)
   ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
@@ -412,15 +417,39 @@ def _e2m1_inputs(n=2_000_000, seed=0):
   return np.concatenate(parts + [grid_ties.astype(np.float32)])
 
 
-def test_e2m1_rne_matches_ml_dtypes():
+def test_round_to_e2m1_matches_ml_dtypes():
   v = _e2m1_inputs()
-  ours = np.asarray(jax.jit(nv.e2m1_rne)(jnp.asarray(v)))
+  ours = np.asarray(_e2m1_jit(jnp.asarray(v)))
   ref = v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
-  assert_bits_equal(ours, ref, "e2m1_rne vs ml_dtypes")  # bitwise: includes the sign of zero
+  assert_bits_equal(ours, ref, "round_to_format(E2M1) vs ml_dtypes")  # bitwise: includes the sign of zero
   assert np.signbit(ours[v == -0.0][np.signbit(v[v == -0.0])]).all()
 
 
-def test_e4m3_rne_matches_ml_dtypes():
+@pytest.mark.parametrize("fmt", [formats.E2M1, formats.E4M3, formats.E5M2], ids=lambda f: f.name)
+def test_format_grid_is_ml_dtypes_value_table(fmt):
+  """formats.grid (derived from the format's parameters) is the dtype's non-negative finite values in
+  code order: code k (bit pattern without the sign) decodes to grid[k]."""
+  nbits = 4 if fmt is formats.E2M1 else 8
+  codes = np.arange(2 ** (nbits - 1), dtype=np.uint8)
+  vals = np.asarray(jnp.asarray(codes).view(fmt.dtype) if nbits == 8 else
+                    jax.lax.bitcast_convert_type(jnp.asarray(codes[::2] | (codes[1::2] << 4)), fmt.dtype).reshape(-1))
+  vals = vals.astype(np.float32)
+  finite = np.isfinite(vals)
+  assert_bits_equal(formats.grid(fmt), vals[finite], f"{fmt.name} grid")
+  assert formats.grid(fmt)[-1] == fmt.max
+
+
+def test_e2m1_grid_index_is_round_to_format():
+  """The element path's rounding as codes (grid_index, grid_value) equals the ml_dtypes cast magnitude."""
+  v = _e2m1_inputs(n=200_000)
+  a = jnp.minimum(jnp.abs(jnp.asarray(v)), 6.0)
+  k = jax.jit(lambda a: formats.grid_index(a, formats.E2M1))(a)
+  ref = np.abs(v.astype(ml_dtypes.float4_e2m1fn).astype(np.float32))
+  assert_bits_equal(np.asarray(jax.jit(lambda k: formats.grid_value(k, formats.E2M1))(k)), ref, "grid_value(grid_index)")
+  assert_bits_equal(formats.grid(formats.E2M1)[np.asarray(k).astype(np.int32)], ref, "grid[grid_index]")
+
+
+def test_round_to_e4m3_matches_ml_dtypes():
   rng = np.random.default_rng(1)
   n = 1_000_000
   e4m3_vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
@@ -434,15 +463,15 @@ def test_e4m3_rne_matches_ml_dtypes():
       mids, np.nextafter(mids, 0), np.nextafter(mids, 500), grid,
   ]).astype(np.float32)
   v = np.concatenate([v, -v, np.array([0.0, -0.0], np.float32)])
-  ours = np.asarray(jax.jit(nv.e4m3_rne)(jnp.asarray(v)))
+  ours = np.asarray(_e4m3_jit(jnp.asarray(v)))
   ref = v.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
-  assert_bits_equal(ours, ref, "e4m3_rne vs ml_dtypes")
+  assert_bits_equal(ours, ref, "round_to_format(E4M3) vs ml_dtypes")
 
 
 def test_round_to_bf16_matches_ml_dtypes():
   rng = np.random.default_rng(2)
   v = (rng.standard_normal(1_000_000) * 10.0 ** rng.uniform(-40, 37, 1_000_000)).astype(np.float32)
-  ours = np.asarray(jax.jit(nv.round_to_bf16)(jnp.asarray(v)))
+  ours = np.asarray(jax.jit(formats.round_to_bf16)(jnp.asarray(v)))
   ref = v.astype(ml_dtypes.bfloat16).astype(np.float32)
   assert_bits_equal(ours, ref, "round_to_bf16 vs ml_dtypes")
 
@@ -469,11 +498,11 @@ def test_jit_qdq_on_grid_and_equal_to_eager():
 def test_explicit_rounding_under_jit():
   """The rounding helpers are arithmetic, not converts, so no XLA convert folding can remove them."""
   v = jnp.asarray(np.linspace(-7, 7, 4097, dtype=np.float32))
-  r = np.asarray(jax.jit(nv.e2m1_rne)(v))
+  r = np.asarray(_e2m1_jit(v))
   assert np.isin(np.abs(r), E2M1_GRID).all()
-  hlo = jax.jit(nv.e2m1_rne).lower(v).as_text()
-  assert "f4E2M1" not in hlo and "f8E4M3" not in jax.jit(nv.e4m3_rne).lower(v).as_text()
-  b = np.asarray(jax.jit(nv.round_to_bf16)(v * np.float32(1.001)))
+  hlo = _e2m1_jit.lower(v).as_text()
+  assert "f4E2M1" not in hlo and "f8E4M3" not in _e4m3_jit.lower(v).as_text()
+  b = np.asarray(jax.jit(formats.round_to_bf16)(v * np.float32(1.001)))
   assert np.array_equal(b, b.astype(ml_dtypes.bfloat16).astype(np.float32))
 
 

@@ -25,8 +25,8 @@ Non-finite input (deliberately unlike TE, whose saturating cast would hand finit
 ``amax`` is NaN or Inf, ``scale_inv`` is set to ``amax`` so the dequantized tensor, and every GEMM
 using it, is NaN/Inf. ``q`` is TE's (scale 1, saturated) in that case.
 
-Rounding never relies on float converts (XLA may fold ``f32 -> f8 -> f32`` round trips): it is
-explicit exponent/step arithmetic, checked bit for bit against ``ml_dtypes`` casts in the tests.
+``fp8_rne_satfinite`` is :func:`maxtext_nvfp4.core.formats.round_to_format` (explicit exponent/step
+arithmetic, never a float convert that XLA could fold; checked bit for bit against ``ml_dtypes`` casts).
 Limitation: on flush-to-zero backends (XLA:CPU), fp32-subnormal inputs (|x| < 2**-126) read as zero;
 this only matters for tensors whose amax is itself below ~1e-36.
 """
@@ -38,75 +38,22 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
-__all__ = ["E4M3", "E5M2", "FP8Tensor", "Fp8Format", "dequantize", "quantize", "round_to_format", "scale_from_amax"]
+from maxtext_nvfp4.core.formats import E4M3, E5M2, F32_ABS_MASK, FLT_MAX, FloatFormat, bits, from_bits, round_to_format
+from maxtext_nvfp4.core.formats import to_f32_exact
 
-FLT_MAX = float(np.finfo(np.float32).max)
+__all__ = ["E4M3", "E5M2", "FP8Tensor", "dequantize", "quantize", "scale_from_amax"]
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Fp8Format:
-  """An FP8 element format (OCP / NVIDIA names)."""
-
-  # "e4m3" or "e5m2".
-  name: str
-  # Explicit mantissa bits (3 for E4M3, 2 for E5M2).
-  mantissa_bits: int
-  # Exponent of the smallest normal number (-6 for E4M3, -14 for E5M2); below it the step is constant.
-  min_normal_exp: int
-  # Largest finite value; the conversion saturates to it (448, 57344).
-  max: float
-  # The ml_dtypes/JAX storage dtype (float8_e4m3fn, float8_e5m2).
-  dtype: object
-
-
-E4M3 = Fp8Format(name="e4m3", mantissa_bits=3, min_normal_exp=-6, max=448.0, dtype=jnp.float8_e4m3fn)
-E5M2 = Fp8Format(name="e5m2", mantissa_bits=2, min_normal_exp=-14, max=57344.0, dtype=jnp.float8_e5m2)
 _FORMATS = {"e4m3": E4M3, "e5m2": E5M2}
 
 
-def _fmt(fmt) -> Fp8Format:
-  if isinstance(fmt, Fp8Format):
+def _fmt(fmt) -> FloatFormat:
+  """The FP8 format named ``fmt`` ("e4m3" | "e5m2"), or ``fmt`` itself when it is one of them."""
+  if fmt in (E4M3, E5M2):
     return fmt
   if fmt not in _FORMATS:
     raise ValueError(f"unknown FP8 format {fmt!r}; choose one of {sorted(_FORMATS)}")
   return _FORMATS[fmt]
-
-
-def _bits(v):
-  return lax.bitcast_convert_type(v, jnp.uint32)
-
-
-def _pow2(e):
-  """2**e as fp32 for integer e in [-126, 127], built from the exponent bits (exact)."""
-  e = jnp.asarray(e, jnp.int32)
-  return lax.bitcast_convert_type(((e + 127) << 23).astype(jnp.uint32), jnp.float32)
-
-
-def _to_f32(x):
-  """Widen to fp32; bf16 goes through its bits (a convert may flush bf16 subnormals)."""
-  if x.dtype == jnp.bfloat16:
-    b16 = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-    return lax.bitcast_convert_type(b16 << 16, jnp.float32)
-  return x.astype(jnp.float32)
-
-
-def round_to_format(v, fmt) -> jax.Array:
-  """RNE of fp32 ``v`` onto the FP8 grid of ``fmt``, saturating to ±max (satfinite); fp32 result.
-
-  ``step = 2**(max(floor(log2|v|), min_normal_exp) - mantissa_bits)``; ``q = round_half_even(|v| / step)
-  * step``, clipped to ``max``, with the sign of ``v`` (signed zeros kept). ``|v| / step`` divides by a
-  power of two, so it is exact. NaN stays NaN; ±Inf saturates to ±max (like ``cvt.satfinite``).
-  """
-  f = _fmt(fmt)
-  v = jnp.asarray(v, jnp.float32)
-  a = jnp.abs(v)
-  e = ((_bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
-  e = jnp.maximum(e, f.min_normal_exp)
-  step = _pow2(jnp.minimum(e, 127) - f.mantissa_bits)
-  r = jnp.minimum(jnp.round(a / step) * step, np.float32(f.max))
-  return jnp.copysign(r, v)
 
 
 def scale_from_amax(amax, fmt) -> jax.Array:
@@ -116,7 +63,7 @@ def scale_from_amax(amax, fmt) -> jax.Array:
   scale = np.float32(f.max) / amax
   scale = jnp.where(jnp.isinf(scale), np.float32(FLT_MAX), scale)
   # amax == 0 tested on the bits: a flush-to-zero compare would also catch subnormal amaxes.
-  return jnp.where((_bits(amax) == 0) | ~jnp.isfinite(amax), np.float32(1.0), scale)
+  return jnp.where((bits(amax) == 0) | ~jnp.isfinite(amax), np.float32(1.0), scale)
 
 
 @jax.tree_util.register_dataclass
@@ -150,10 +97,10 @@ def quantize(x, fmt="e4m3") -> FP8Tensor:
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"FP8 quantize needs a floating-point array, got dtype {x.dtype}")
-  xf = _to_f32(x)
+  xf = to_f32_exact(x)
   # Integer max of the magnitude bits: exact and NaN-propagating (NaN bit patterns sort above Inf).
-  amax_bits = jnp.max((_bits(xf) & np.uint32(0x7FFFFFFF)).astype(jnp.int32)) if xf.size else jnp.int32(0)
-  amax = lax.bitcast_convert_type(amax_bits.astype(jnp.uint32), jnp.float32)
+  amax_bits = jnp.max((bits(xf) & np.uint32(F32_ABS_MASK)).astype(jnp.int32)) if xf.size else jnp.int32(0)
+  amax = from_bits(amax_bits)
   scale = scale_from_amax(amax, f)
   scale_inv = np.float32(1.0) / scale
   scale_inv = jnp.where(jnp.isfinite(amax), scale_inv, amax)

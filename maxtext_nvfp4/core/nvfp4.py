@@ -16,10 +16,14 @@ IEEE fp32 with round-to-nearest-even (RNE) and, like the CUDA kernels, *with* su
     S_enc  = min(2688 / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0     (2688 = 448 * 6)
     S_dec  = fl(1 / S_enc)
     bamax  = max |x| over the block                             (exact)
-    s8     = e4m3_rne(min(fl(bamax * fl(S_enc * fl(1/6))), 448))          # this operation order
+    s8     = rnd(min(fl(bamax * fl(S_enc * fl(1/6))), 448), E4M3)         # this operation order
     enc    = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)               # 0-scale blocks: enc = FLT_MAX
-    q      = e2m1_rne(clip(fl(x * enc), -6, 6))                 # RNE; saturates to ±6
+    q      = rnd(clip(fl(x * enc), -6, 6), E2M1)                # RNE; saturates to ±6
              (stochastic rounding instead of RNE when a key is given, see below)
+
+``rnd(v, F)`` is :func:`maxtext_nvfp4.core.formats.round_to_format` (RNE onto format F's grid). The
+element path computes ``q``'s E2M1 code directly with :func:`~maxtext_nvfp4.core.formats.grid_index`,
+the same rounding expressed as grid indices (tests check both against ``ml_dtypes`` casts).
 
 Dequantization follows TE JAX's ``NVFP4Dequantizer`` (finite where the CUDA dequant kernel overflows):
 
@@ -66,6 +70,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from maxtext_nvfp4.core import formats
+from maxtext_nvfp4.core.formats import E2M1, E4M3, FLT_MAX, round_to_bf16, round_to_format
+from maxtext_nvfp4.core.formats import F32_ABS_MASK as _F32_ABS_MASK
+from maxtext_nvfp4.core.formats import F32_EXP_MASK as _F32_EXP_MASK
+from maxtext_nvfp4.core.formats import F32_MANT_MASK as _F32_MANT_MASK
+from maxtext_nvfp4.core.formats import bits as _bits
+from maxtext_nvfp4.core.formats import from_bits as _from_bits
+from maxtext_nvfp4.core.formats import pow2 as _pow2
+from maxtext_nvfp4.core.formats import to_f32_exact as _to_f32_exact
+
 __all__ = [
     "BLOCK",
     "E2M1_MAX",
@@ -75,56 +89,49 @@ __all__ = [
     "as_numpy",
     "block_values",
     "dequantize",
-    "e2m1_rne",
-    "e4m3_rne",
     "global_decode_scale",
     "pack",
     "quantize",
     "quantize_values",
     "rht",
     "rht_matrix",
-    "round_to_bf16",
     "unpack",
 ]
 
 BLOCK = 16
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
+E2M1_MAX = E2M1.max  # 6
+E4M3_MAX = E4M3.max  # 448
 GLOBAL_DENOM = E4M3_MAX * E2M1_MAX  # 2688
-FLT_MAX = float(np.finfo(np.float32).max)
 # TE's fixed wgrad RHT sign vector (hadamard.py get_wgrad_sign_vector; bitmask 0xD7E8).
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
-
-_F32_EXP_MASK = 0x7F800000
-_F32_MANT_MASK = 0x007FFFFF
-_F32_ABS_MASK = 0x7FFFFFFF
+# E2M1 value of each 4-bit code (bit 3 sign, bits 0-2 magnitude index): the decode table of float4_e2m1fn.
+_E2M1_TABLE = np.concatenate([formats.grid(E2M1), -formats.grid(E2M1)])
 
 
 # ----------------------------------------------------------------------------------------------
-# Exact fp32 helpers (immune to flush-to-zero)
+# Blocks
 # ----------------------------------------------------------------------------------------------
-def _bits(v):
-  return lax.bitcast_convert_type(v, jnp.uint32)
+def _check_block_dim(shape, axis):
+  n = shape[axis]
+  if n % BLOCK:
+    raise ValueError(
+        f"NVFP4 quantization needs the block axis to be a multiple of {BLOCK}: axis {axis} has size {n}"
+        f" (shape {tuple(shape)}); pad it with zeros first"
+    )
 
 
-def _from_bits(b):
-  return lax.bitcast_convert_type(b.astype(jnp.uint32), jnp.float32)
+def _blocked(x, axis, block_2d):
+  """Reshape so each block is contiguous along the returned reduction axes (no transposes)."""
+  if block_2d:
+    r, c = x.shape[-2:]
+    return x.reshape(x.shape[:-2] + (r // BLOCK, BLOCK, c // BLOCK, BLOCK)), (x.ndim - 1, x.ndim + 1)
+  n = x.shape[axis]
+  return x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :]), (axis + 1,)
 
 
-def _pow2(e):
-  """2**e as fp32 for integer e in [-126, 127] (built from bits, exact)."""
-  e = jnp.asarray(e, jnp.int32)
-  return _from_bits(((e + 127) << 23).astype(jnp.uint32))
-
-
-def _to_f32_exact(x):
-  """Widen to fp32 without touching subnormals (a bf16 -> f32 convert may flush them)."""
-  if x.dtype == jnp.bfloat16:
-    b16 = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
-    return _from_bits(b16 << 16)
-  return x.astype(jnp.float32)
-
-
+# ----------------------------------------------------------------------------------------------
+# Exact fp32 arithmetic (immune to flush-to-zero; the bit helpers are in formats.py)
+# ----------------------------------------------------------------------------------------------
 def _split_subnormal(v):
   """v == m * 2**k exactly, with m a normal fp32 (or zero) and k in {0, -126}.
 
@@ -214,19 +221,8 @@ def _mul_e4m3_by_f32_exact(s8, d):
 
 
 # ----------------------------------------------------------------------------------------------
-# Element rounding (explicit: survives XLA convert folding)
+# Stochastic-rounding bits
 # ----------------------------------------------------------------------------------------------
-def e2m1_rne(v):
-  """Round fp32 ``v`` (|v| <= 6 after clipping) to the E2M1 grid, RNE, saturating at ±6.
-
-  Keeps the sign of zero (like ``cvt.rn.satfinite.e2m1x2.f32`` and ml_dtypes).
-  """
-  a = jnp.minimum(jnp.abs(v), np.float32(E2M1_MAX))
-  step = jnp.where(a < 2.0, np.float32(0.5), jnp.where(a < 4.0, np.float32(1.0), np.float32(2.0)))
-  r = jnp.minimum(jnp.round(a / step) * step, np.float32(E2M1_MAX))
-  return jnp.copysign(r, v)
-
-
 def _lowbias32(h):
   """A 32-bit integer hash with near-ideal avalanche (C. Wellons' "lowbias32": xorshift-multiply, 2 rounds)."""
   h = h ^ (h >> 16)
@@ -263,26 +259,6 @@ def _random_bytes(key, shape):
   if per_word == 1:
     return (words & np.uint32(0xFF)).astype(jnp.uint8)
   return lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
-
-
-def e4m3_rne(v):
-  """Round fp32 ``v`` (|v| <= 448) to the E4M3 grid with RNE (subnormal step 2**-9), sign kept.
-
-  ``step = 2**(e - 3)`` for ``|v|`` in ``[2**e, 2**(e+1))``, ``e >= -6``; ``2**-9`` below ``2**-6``;
-  result ``copysign(round_half_even(|v| / step) * step, v)`` (the division by a power of two is exact).
-  """
-  a = jnp.abs(v)
-  e = ((_bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
-  step = jnp.where(e < -6, np.float32(2.0**-9), _pow2(jnp.clip(e - 3, -126, 127)))
-  return jnp.copysign(jnp.round(a / step) * step, v)
-
-
-def round_to_bf16(v):
-  """RNE rounding of fp32 ``v`` to bf16 precision, kept in fp32 (bit arithmetic, never folded)."""
-  b = _bits(v)
-  rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) & np.uint32(0xFFFF0000)
-  finite = (b & _F32_EXP_MASK) != _F32_EXP_MASK
-  return _from_bits(jnp.where(finite, rounded, b))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -427,24 +403,6 @@ class NVFP4Tensor:
     return pack(self.data)
 
 
-def _check_block_dim(shape, axis):
-  n = shape[axis]
-  if n % BLOCK:
-    raise ValueError(
-        f"NVFP4 quantization needs the block axis to be a multiple of {BLOCK}: axis {axis} has size {n}"
-        f" (shape {tuple(shape)}); pad it with zeros first"
-    )
-
-
-def _blocked(x, axis, block_2d):
-  """Reshape so each block is contiguous along the returned reduction axes (no transposes)."""
-  if block_2d:
-    r, c = x.shape[-2:]
-    return x.reshape(x.shape[:-2] + (r // BLOCK, BLOCK, c // BLOCK, BLOCK)), (x.ndim - 1, x.ndim + 1)
-  n = x.shape[axis]
-  return x.reshape(x.shape[:axis] + (n // BLOCK, BLOCK) + x.shape[axis + 1 :]), (axis + 1,)
-
-
 def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None) -> NVFP4Tensor:
   """Quantize ``x`` to NVFP4 exactly as TE's kernels do (see the module docstring for the formulas).
 
@@ -491,7 +449,7 @@ def _block_scales(xb, red):
   # Per-block decode scale, E4M3: fl(bamax * fl(S_enc * fl(1/6))), saturated to 448, RNE.
   c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
   dec = jnp.minimum(_mul_exact(bamax, c), np.float32(E4M3_MAX))
-  s8 = e4m3_rne(dec)
+  s8 = round_to_format(dec, E4M3)
   # Per-block encode scale: min(1 / fl(s8 * S_dec), FLT_MAX).
   p = _mul_e4m3_by_f32_exact(s8, s_dec)
   pm, pk = _split_subnormal(p)
@@ -505,19 +463,17 @@ def _block_scales(xb, red):
 def _e2m1_code_of_product(xb, enc, u=None):
   """E2M1 code of ``q = e2m1(clip(fl(x * enc), -6, 6))``: (magnitude index k in 0..7 as fp32, sign).
 
-  ``k`` indexes the grid 0, .5, 1, 1.5, 2, 3, 4, 6; the sign is x's (zeros keep theirs, NaN gives +6 as
+  ``k`` is the index into ``formats.grid(E2M1)``; the sign is x's (zeros keep theirs, NaN gives +6 as
   ``cvt.rn.satfinite`` does). Exact on flush-to-zero backends with ~15 fp32/int ops per element and no
   division:
 
     |y| = fl(|x| * enc)                 x normal (a product below 2**-126 only ever rounds to 0)
         = fl(M * fl(enc * 2**-149))     x = M * 2**-149 subnormal: exact when enc >= 2**23 (the scaled
                                         enc is then normal); for a smaller enc |y| < 2**-103 -> 0 either way
-    a = min(|y|, 6);  (m, o) = (2, 0) if a < 2, (1, 2) if a < 4, else (0.5, 4)   (m = 1 / grid step)
-    RNE: k = round_half_even(a * m) + o          SR: k = floor(fl(a * m + u)) + o,  u = rbits / 256
+    k = grid_index(min(|y|, 6), E2M1, u)          RNE without u; SR with u = rbits / 256
 
-  a * m is exact (power of two), and fl(a * m + u) = fl(a + u * step) / step, so SR is TE's emulated
-  ``cvt.rs`` formula ``floor((a + u * step) / step) * step``; the RNE form reproduces the threshold table
-  (ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+  SR there is TE's emulated ``cvt.rs`` formula ``floor((a + u * step) / step) * step``; the RNE form
+  reproduces the threshold table (ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
   """
   b = _bits(xb)
   ab = b & np.uint32(_F32_ABS_MASK)
@@ -528,19 +484,11 @@ def _e2m1_code_of_product(xb, enc, u=None):
   enc_lo = jnp.where(jnp.isnan(enc), enc, enc_lo)
   y = jnp.where(is_sub, ab.astype(jnp.int32).astype(jnp.float32) * enc_lo, _from_bits(ab) * enc)
   a = jnp.minimum(y, np.float32(E2M1_MAX))  # NaN stays NaN
-  lt2, lt4 = a < 2.0, a < 4.0
-  m = jnp.where(lt2, np.float32(2.0), jnp.where(lt4, np.float32(1.0), np.float32(0.5)))
-  o = jnp.where(lt2, np.float32(0.0), jnp.where(lt4, np.float32(2.0), np.float32(4.0)))
-  k = jnp.round(a * m) if u is None else jnp.floor(a * m + u)
+  k = formats.grid_index(a, E2M1, u)
   nan = jnp.isnan(a)
-  k = jnp.where(nan, np.float32(7.0), k + o)
+  k = jnp.where(nan, np.float32(7.0), k)
   neg = ((b >> 31) == 1) & ~nan
   return k, neg
-
-
-def _e2m1_magnitude(k):
-  """Grid value of the magnitude index k (0..7): 0, .5, 1, 1.5, 2, 3, 4, 6."""
-  return jnp.where(k < 4.0, k * np.float32(0.5), jnp.where(k < 6.0, k - np.float32(2.0), k * np.float32(2.0) - 8.0))
 
 
 def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht):
@@ -573,7 +521,7 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht):
 
 def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype):
   k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht)
-  mag = _e2m1_magnitude(k)
+  mag = formats.grid_value(k, E2M1)
   v = jnp.where(neg, -mag, mag) * s8
   return v.astype(dtype).reshape(x.shape), amax
 
@@ -665,9 +613,9 @@ def dequantize(t: NVFP4Tensor, dtype=jnp.float32):
 # TE byte layout
 # ----------------------------------------------------------------------------------------------
 def _e2m1_codes(data):
+  """uint8 codes (bit 3 sign, bits 0-2 magnitude index) of E2M1 values."""
   v = data.astype(jnp.float32)
-  a = jnp.abs(v)
-  idx = jnp.where(a < 2.0, a * 2.0, jnp.where(a < 4.0, a + 2.0, a * 0.5 + 4.0)).astype(jnp.uint8)
+  idx = formats.grid_index(jnp.abs(v), E2M1).astype(jnp.uint8)
   sign = jnp.signbit(v).astype(jnp.uint8)
   return idx | (sign << 3)
 
@@ -698,9 +646,6 @@ def pack(data) -> jax.Array:
   if codes.shape[-1] % 2:
     raise ValueError(f"pack needs an even last dimension, got shape {codes.shape}")
   return _pack_codes(codes)
-
-
-_E2M1_TABLE = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 
 
 @jax.jit

@@ -1,0 +1,197 @@
+"""The small float formats of NVFP4 and FP8 (E2M1, E4M3, E5M2), one rounding routine for all of them,
+and the exact fp32 bit helpers both quantizers build on.
+
+A format ``f`` (no Inf; ``fn`` formats, OCP MX / NVIDIA naming) has, for each sign, the grid
+
+    subnormal:  k * 2**(f.min_normal_exp - f.mantissa_bits)          k = 0 .. 2**mantissa_bits - 1
+    normal:     (1 + j / 2**mantissa_bits) * 2**e                    e >= min_normal_exp, up to f.max
+
+(:func:`grid` enumerates it from these parameters; the tests check it against ``ml_dtypes``). A value's
+grid index equals its bit pattern without the sign bit, so index = code.
+
+Rounding (:func:`round_to_format`, RNE with saturation, IEEE fp32 throughout):
+
+    e    = max(floor(log2 |v|), f.min_normal_exp)                   (from the exponent bits)
+    step = 2**(e - f.mantissa_bits)
+    q    = copysign(min(round_half_even(|v| / step) * step, f.max), v)
+
+``|v| / step`` divides by a power of two, so it is exact. Signed zeros are kept; NaN stays NaN; ±Inf
+saturates to ±max (``cvt.rn.satfinite``). The same rounding expressed as grid indices, for a quantizer
+that wants codes (NVFP4's element path): :func:`grid_index` / :func:`grid_value`, exact piecewise-linear
+maps over the format's constant-step segments (checked equal to :func:`round_to_format` in the tests).
+
+Rounding never relies on float converts (XLA folds ``f32 -> f8/f4 -> f32`` round trips): it is exponent
+and step arithmetic, so the values survive every XLA pass. The fp32 helpers below never produce or read
+an fp32 subnormal through arithmetic (XLA:CPU flushes them to zero): they work on the bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+__all__ = [
+    "E2M1",
+    "E4M3",
+    "E5M2",
+    "FLT_MAX",
+    "FloatFormat",
+    "bits",
+    "from_bits",
+    "grid",
+    "grid_index",
+    "grid_value",
+    "pow2",
+    "round_to_bf16",
+    "round_to_format",
+    "to_f32_exact",
+]
+
+FLT_MAX = float(np.finfo(np.float32).max)
+F32_EXP_MASK = 0x7F800000
+F32_MANT_MASK = 0x007FFFFF
+F32_ABS_MASK = 0x7FFFFFFF
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FloatFormat:
+  """A small float element format without Inf (E2M1, E4M3 ``fn``, E5M2 -- the latter's Inf is never produced)."""
+
+  # "e2m1", "e4m3" or "e5m2".
+  name: str
+  # Explicit mantissa bits (1 for E2M1, 3 for E4M3, 2 for E5M2).
+  mantissa_bits: int
+  # Exponent of the smallest normal number (0 for E2M1, -6 for E4M3, -14 for E5M2); below it the step
+  # is constant (subnormals).
+  min_normal_exp: int
+  # Largest finite value; rounding saturates to it (6, 448, 57344).
+  max: float
+  # The ml_dtypes/JAX storage dtype (float4_e2m1fn, float8_e4m3fn, float8_e5m2).
+  dtype: object
+
+
+E2M1 = FloatFormat(name="e2m1", mantissa_bits=1, min_normal_exp=0, max=6.0, dtype=jnp.float4_e2m1fn)
+E4M3 = FloatFormat(name="e4m3", mantissa_bits=3, min_normal_exp=-6, max=448.0, dtype=jnp.float8_e4m3fn)
+E5M2 = FloatFormat(name="e5m2", mantissa_bits=2, min_normal_exp=-14, max=57344.0, dtype=jnp.float8_e5m2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact fp32 bit helpers (immune to flush-to-zero)
+# ----------------------------------------------------------------------------------------------
+def bits(v):
+  """The uint32 bit pattern of fp32 ``v``."""
+  return lax.bitcast_convert_type(v, jnp.uint32)
+
+
+def from_bits(b):
+  """The fp32 value of the bit pattern ``b`` (any integer dtype, taken as uint32)."""
+  return lax.bitcast_convert_type(b.astype(jnp.uint32), jnp.float32)
+
+
+def pow2(e):
+  """2**e as fp32 for integer e in [-126, 127], built from the exponent bits (exact)."""
+  e = jnp.asarray(e, jnp.int32)
+  return from_bits(((e + 127) << 23).astype(jnp.uint32))
+
+
+def to_f32_exact(x):
+  """Widen to fp32 without touching subnormals (a bf16 -> f32 convert may flush them)."""
+  if x.dtype == jnp.bfloat16:
+    b16 = lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    return from_bits(b16 << 16)
+  return x.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rounding
+# ----------------------------------------------------------------------------------------------
+def round_to_format(v, fmt: FloatFormat) -> jax.Array:
+  """RNE of fp32 ``v`` onto the grid of ``fmt``, saturating to ±max; fp32 result (formula: module docstring)."""
+  v = jnp.asarray(v, jnp.float32)
+  a = jnp.abs(v)
+  e = ((bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
+  e = jnp.maximum(e, fmt.min_normal_exp)
+  step = pow2(jnp.minimum(e, 127) - fmt.mantissa_bits)
+  r = jnp.minimum(jnp.round(a / step) * step, np.float32(fmt.max))
+  return jnp.copysign(r, v)
+
+
+def round_to_bf16(v):
+  """RNE rounding of fp32 ``v`` to bf16 precision, kept in fp32 (bit arithmetic, never folded).
+
+  ``bits + 0x7FFF + lsb`` truncated to the upper 16 bits (round half to even on the dropped half word);
+  Inf and NaN pass unchanged; overflow carries into the exponent and gives ±Inf, as a bf16 cast does.
+  """
+  b = bits(v)
+  rounded = (b + np.uint32(0x7FFF) + ((b >> 16) & 1)) & np.uint32(0xFFFF0000)
+  finite = (b & F32_EXP_MASK) != F32_EXP_MASK
+  return from_bits(jnp.where(finite, rounded, b))
+
+
+# ----------------------------------------------------------------------------------------------
+# The grid, and rounding as grid indices
+# ----------------------------------------------------------------------------------------------
+def grid(fmt: FloatFormat) -> np.ndarray:
+  """The non-negative finite values of ``fmt`` in increasing order (fp32); ``grid(fmt)[k]`` has code k."""
+  m = 2**fmt.mantissa_bits
+  sub = [k * 2.0 ** (fmt.min_normal_exp - fmt.mantissa_bits) for k in range(m)]
+  normal = []
+  e = fmt.min_normal_exp
+  while (1.0 * 2.0**e) <= fmt.max:
+    normal += [(1 + j / m) * 2.0**e for j in range(m) if (1 + j / m) * 2.0**e <= fmt.max]
+    e += 1
+  return np.array(sub + normal, np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _segments(fmt: FloatFormat) -> tuple[tuple[float, float, int], ...]:
+  """``(lower bound, step, first code)`` of each maximal run of the grid with a constant step.
+
+  E2M1: ``((0, 0.5, 0), (2, 1, 4), (4, 2, 6))`` -- the subnormals and the first binade share a step.
+  """
+  g = grid(fmt).astype(np.float64)
+  steps = np.diff(g)
+  out = []
+  for k in range(len(steps)):
+    if k == 0 or steps[k] != steps[k - 1]:
+      out.append((float(g[k]), float(steps[k]), k))
+  return tuple(out)
+
+
+def _piecewise(x, bounds, values):
+  """``values[i]`` (fp32 constants) where ``bounds[i-1] <= x < bounds[i]``, as a chain of selects."""
+  out = np.float32(values[-1])
+  for b, v in zip(reversed(bounds), reversed(values[:-1])):
+    out = jnp.where(x < b, np.float32(v), out)
+  return out
+
+
+def grid_index(a, fmt: FloatFormat, u=None):
+  """Code (as fp32) of ``a`` in ``[0, fmt.max]`` (or NaN) rounded onto the grid: RNE, or SR given ``u``.
+
+  Per constant-step segment ``[lo, ...)`` with step ``s`` and first code ``c`` (``m = 1/s``,
+  ``o = c - lo/s``, both exact):  RNE ``k = round_half_even(a * m) + o``;  SR ``k = floor(fl(a * m + u)) + o``
+  with ``u`` in [0, 1). ``a * m`` is exact (a power of two), so RNE is :func:`round_to_format`'s rounding
+  and ``fl(a * m + u) = fl(a + u * s) / s`` is the emulated ``cvt.rs`` formula ``floor((a + u*s) / s) * s``.
+  One compare per segment boundary; meant for formats with few segments (E2M1: three).
+  """
+  segs = _segments(fmt)
+  bounds = [lo for lo, _, _ in segs[1:]]
+  m = _piecewise(a, bounds, [1.0 / s for _, s, _ in segs])
+  o = _piecewise(a, bounds, [c - lo / s for lo, s, c in segs])
+  k = jnp.round(a * m) if u is None else jnp.floor(a * m + u)
+  return k + o
+
+
+def grid_value(k, fmt: FloatFormat):
+  """``grid(fmt)[k]`` for fp32 codes ``k`` (exact arithmetic: ``k * s + (lo - c * s)`` in k's segment)."""
+  segs = _segments(fmt)
+  bounds = [c for _, _, c in segs[1:]]
+  step = _piecewise(k, bounds, [s for _, s, _ in segs])
+  offset = _piecewise(k, bounds, [lo - c * s for lo, s, c in segs])
+  return k * step + offset
