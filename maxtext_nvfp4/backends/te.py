@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from maxtext_nvfp4.backends.capability import BackendError
 from maxtext_nvfp4.core import settings
+from maxtext_nvfp4.core import te_limits
 
 PRECISIONS = settings.PRECISIONS
 # The rng stream TE JAX's NVFP4 quantizer asks its Flax module for.
@@ -54,14 +55,44 @@ def recipe_kwargs(settings) -> dict[str, bool]:
 def check_te_settings(settings) -> None:
   """Raise :class:`BackendError` (one line) for settings the TE backend does not map (yet).
 
-  The late precision switch (``nvfp4_switch_at_step``) needs the current step inside every GEMM and a
-  ``lax.cond`` between two TE paths; that is implemented for the emulation only.
+  * ``nvfp4_2d_weights=false`` with ``nvfp4_rht=true``: TE JAX quantizes a 1D (``NVFP4_1D_SCALING``)
+    kernel ``ROWWISE_COLWISE`` with ``use_rht=True`` (``transformer_engine/jax/quantize/helper.py``,
+    ``NVFP4ScalingQuantizeConfig._make_rht_quantize_meta``: every 1D tensor quantized column-wise gets
+    RHT, the kernel included). The kernel's column-wise copy is the fprop RHS, so the fprop would pair an
+    RHT kernel with a non-RHT x, which ``_quantize_gemm_operands`` (``cpp_extensions/gemm.py``) rejects
+    ("if one operand is quantized with RHT, the other must be ... as well"). ``NVFP4BlockScaling`` has no
+    per-tensor RHT toggle (only ``disable_rht``, global), so nothing maps the emulation's variant (RHT on
+    the wgrad operands x and dy only, 1x16 W without RHT) onto TE: refused.
+  * The late precision switch (``nvfp4_switch_at_step``) needs the current step inside every GEMM and a
+    ``lax.cond`` between two TE paths; that is implemented for the emulation only.
   """
+  if settings.rht and not settings.two_d_weights:
+    raise BackendError(
+        "nvfp4_2d_weights=false with nvfp4_rht=true cannot run on Transformer Engine: TE applies RHT to the"
+        " 1D kernel's column-wise copy (the fprop operand) and then refuses the fprop GEMM; set"
+        " nvfp4_2d_weights=true, or nvfp4_rht=false, or nvfp4_backend=emulate"
+    )
   if float(settings.switch_at_step) > 0:
     raise BackendError(
         f"nvfp4_switch_at_step={settings.switch_at_step} is emulate-only for now: the late precision switch is"
         " not mapped to Transformer Engine; set nvfp4_backend=emulate, or nvfp4_switch_at_step=-1 to train"
         " with TE without the switch"
+    )
+
+
+def check_te_shapes(config, settings) -> None:
+  """Raise :class:`BackendError` (one line) when TE would refuse a decoder NVFP4 GEMM of ``config``.
+
+  The limits (block axes, cuBLAS contraction, RHT cast fusion) are :mod:`maxtext_nvfp4.core.te_limits`;
+  they are decided from the config alone, so this runs before any device check. The line names layer,
+  role, pass, dimension, size and the rule of the first refusal and how many more there are.
+  """
+  refs = te_limits.check(config, settings)
+  if refs:
+    more = f" (and {len(refs) - 1} more: maxtext-nvfp4 doctor --recipe lists them)" if len(refs) > 1 else ""
+    raise BackendError(
+        f"nvfp4_backend=te: Transformer Engine would refuse {refs[0].text()}{more}; change that size, or keep"
+        " the projection out of NVFP4 (nvfp4_targets), or set nvfp4_backend=emulate (which zero-pads)"
     )
 
 

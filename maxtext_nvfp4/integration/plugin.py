@@ -41,6 +41,7 @@ import threading
 from typing import Any, Literal
 
 from maxtext_nvfp4.backends import capability
+from maxtext_nvfp4.backends import te as te_backend
 from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
@@ -123,6 +124,9 @@ def validate_config(config) -> None:
     raise settings_lib.SettingsError(
         "quantization=nvfp4 with use_qwix_quantization=true: the NVFP4 plugin does not use qwix; set"
         " use_qwix_quantization=false")
+  if s.backend == "te":  # what TE refuses is decided from the config alone: say it before the device check
+    te_backend.check_te_settings(s)
+    te_backend.check_te_shapes(config, s)
   capability.choose_backend(s.backend)
 
 

@@ -24,8 +24,10 @@ import threading
 from typing import Any
 
 from maxtext_nvfp4.backends import capability
+from maxtext_nvfp4.backends import te as te_backend
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
+from maxtext_nvfp4.core import te_limits
 from maxtext_nvfp4.integration import step as step_lib
 
 _log = logging.getLogger("maxtext_nvfp4")
@@ -231,6 +233,12 @@ def make_quantization(config, quant_mode_str: str = "train"):
   choice = capability.choose_backend(s.backend)
   capability.announce(choice, log=_log_once)
   _log_once(precision_table_text(config))
+  if choice.name == "te":
+    te_backend.check_te_shapes(config, s)  # nvfp4_backend=te was checked at config time; auto is checked here
+  else:  # the emulation zero-pads what TE refuses: say so once, so the recipe is not taken to Blackwell as is
+    refused = te_limits.summary(te_limits.check(config, s))
+    if refused:
+      _log_once(refused)
   locator = plan_lib.GemmLocator(num_layers=int(config.num_decoder_layers),
                                  num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers))
   if choice.name == "te":

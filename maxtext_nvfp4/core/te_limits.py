@@ -1,0 +1,202 @@
+"""What Transformer Engine refuses to run in NVFP4: the shape and dtype limits of its GEMMs (pure).
+
+The single source for the three uses: the TE backend refuses such a GEMM before compiling
+(``backends/te.py``), the emulation (which zero-pads instead) logs it once at start-up with a line
+beginning ``Transformer Engine would refuse:``, and ``maxtext-nvfp4 doctor --recipe`` reports it.
+
+TE never pads. For a linear layer ``y = x·W`` with, per device, ``x`` (M tokens, K), ``W`` (K, N) and
+``dy`` (M, N), each NVFP4 pass asks (TE commit d0067d0; shapes are those the kernels see, i.e. per
+device -- a size that divides on every device also divides globally):
+
+  pass   operand quantized             block axes % 16 (scale shape)   cuBLAS contraction % 32   RHT cast fusion
+  fprop  x 1x16 along K; W 16x16       K; K and N (1D W: K)            K
+  dgrad  dy 1x16 along N; W 16x16      N; K and N (1D W: N)            N
+  wgrad  xᵀ, dyᵀ 1x16 along M          M                               M                         bf16, M % 64, K % 128
+                                                                                                 (x); N % 128 (dy)
+
+Sources: block axes -- ``transformer_engine/jax/quantize/scaling_modes.py``
+(``_BlockScalingModeMetadataImpl.get_scale_shape``: "should be divisible by block_x/block_y");
+contraction -- ``transformer_engine/jax/cpp_extensions/gemm.py`` ``assert_cublas_requirements``
+(alignment 32 for NVFP4, called from ``GemmPrimitive.abstract`` for both operands); RHT --
+``transformer_engine/jax/cpp_extensions/quantization.py`` (``QuantizePrimitive.abstract``: x must be
+bfloat16, rows % 64 and cols % 128 of the 2D-flattened input, rows = tokens) and
+``transformer_engine/jax/csrc/extensions/quantization.cpp`` (``eligible_for_rht_cast_fusion``, the same
+rule checked again in C++). TE quantizes x once, row- and column-wise, so the RHT rule on x applies
+whenever its wgrad is NVFP4 with RHT on.
+
+Shapes come from the model config (Llama-style decoder, the roles of :mod:`plan`):
+``query/key/value/qkv_proj``: K = emb, N = heads * head_dim; ``out``: K = q_heads * head_dim, N = emb;
+``wi*``: K = emb, N = mlp; ``wo``: K = mlp, N = emb; M = per_device_batch_size * max_target_length.
+Under tensor parallelism (``ici_tensor_parallelism`` t) the heads and mlp axes are split t ways
+(MaxText's logical rules put ``heads`` and ``mlp`` on ``tensor``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from maxtext_nvfp4.core import plan as plan_lib
+from maxtext_nvfp4.core import settings as settings_lib
+
+# What each rule protects, with the TE source that asserts it.
+_BLOCK_RULE = "NVFP4 block axis, TE never pads: quantize/scaling_modes.py"
+_CUBLAS_RULE = "cuBLAS NVFP4 contraction: cpp_extensions/gemm.py assert_cublas_requirements"
+_RHT_RULE = "RHT cast fusion: cpp_extensions/quantization.py"
+
+REFUSAL_PREFIX = "Transformer Engine would refuse:"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GemmDims:
+  """One decoder projection's GEMM as TE would see it on one device."""
+
+  # decoder layers it stands for, as text ("every layer", "layer 3", "layers 0-1")
+  layers: str
+  # projection role (query, key, value, qkv_proj, out, wi_0, wi_1, wi, wo)
+  role: str
+  # M: tokens per device (the wgrad contraction)
+  tokens: int
+  # K: input features per device (the fprop contraction)
+  k: int
+  # N: output features per device (the dgrad contraction)
+  n: int
+  # activation dtype (x and dy), e.g. "bfloat16"
+  dtype: str
+  # passes that run NVFP4 before or after the late switch, a subset of ("fprop", "dgrad", "wgrad")
+  nvfp4_passes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Refusal:
+  """One limit a GEMM breaks."""
+
+  # decoder layers ("every layer", "layers 0-1", ...)
+  layers: str
+  # projection role
+  role: str
+  # the pass: fprop | dgrad | wgrad
+  gemm: str
+  # which size, e.g. "K (fprop contraction)"; for the dtype rule the operands' dtype
+  dimension: str
+  # its value per device (0 for the dtype rule)
+  size: int
+  # the multiple TE needs (0 for the dtype rule: bfloat16 needed)
+  multiple: int
+  # the limit broken, with its TE source
+  rule: str
+
+  def text(self) -> str:
+    if not self.multiple:
+      return f"{self.layers} {self.role} {self.gemm}: {self.dimension}, not bfloat16 ({self.rule})"
+    return (f"{self.layers} {self.role} {self.gemm}: {self.dimension} = {self.size} is not a multiple of"
+            f" {self.multiple} ({self.rule})")
+
+  def as_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+def _checks(g: GemmDims, *, rht: bool, two_d_weights: bool):
+  """(pass, dimension label, size, multiple, rule) for every limit of the NVFP4 passes of ``g``."""
+  out = []
+  if "fprop" in g.nvfp4_passes:
+    out += [("fprop", "K (fprop contraction)", g.k, 16, _BLOCK_RULE),
+            ("fprop", "K (fprop contraction)", g.k, 32, _CUBLAS_RULE)]
+    if two_d_weights:
+      out.append(("fprop", "N (W 16x16 tiles)", g.n, 16, _BLOCK_RULE))
+  if "dgrad" in g.nvfp4_passes:
+    out += [("dgrad", "N (dgrad contraction)", g.n, 16, _BLOCK_RULE),
+            ("dgrad", "N (dgrad contraction)", g.n, 32, _CUBLAS_RULE)]
+    if two_d_weights:
+      out.append(("dgrad", "K (W 16x16 tiles)", g.k, 16, _BLOCK_RULE))
+  if "wgrad" in g.nvfp4_passes:
+    out += [("wgrad", "M tokens (wgrad contraction)", g.tokens, 16, _BLOCK_RULE),
+            ("wgrad", "M tokens (wgrad contraction)", g.tokens, 32, _CUBLAS_RULE)]
+    if rht:
+      out += [("wgrad", "M tokens (RHT rows of x and dy)", g.tokens, 64, _RHT_RULE),
+              ("wgrad", "K (RHT columns of x)", g.k, 128, _RHT_RULE),
+              ("wgrad", "N (RHT columns of dy)", g.n, 128, _RHT_RULE)]
+  return out
+
+
+def refusals(g: GemmDims, *, rht: bool, two_d_weights: bool) -> list[Refusal]:
+  """Every TE limit ``g`` breaks: per (pass, size) the strictest broken multiple, plus the RHT dtype."""
+  worst: dict[tuple[str, str, int], tuple[int, str, str]] = {}
+  for gemm, label, size, multiple, rule in _checks(g, rht=rht, two_d_weights=two_d_weights):
+    if size % multiple:
+      key = (gemm, label.split(" (")[0], size)
+      if key not in worst or multiple > worst[key][0]:
+        worst[key] = (multiple, label, rule)
+  out = [Refusal(layers=g.layers, role=g.role, gemm=gemm, dimension=label, size=size, multiple=multiple, rule=rule)
+         for (gemm, _, size), (multiple, label, rule) in worst.items()]
+  if rht and "wgrad" in g.nvfp4_passes and g.dtype != "bfloat16":
+    out.append(Refusal(layers=g.layers, role=g.role, gemm="wgrad", dimension=f"x and dy are {g.dtype}", size=0,
+                       multiple=0, rule=_RHT_RULE))
+  return out
+
+
+def _getter(cfg):
+  get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
+  return lambda *keys, default=None: next((get(k) for k in keys if get(k) is not None), default)
+
+
+def _layer_ranges(layers: list[int]) -> str:
+  parts, start = [], None
+  for i, l in enumerate(layers):
+    if start is None:
+      start = l
+    if i + 1 == len(layers) or layers[i + 1] != l + 1:
+      parts.append(str(start) if start == l else f"{start}-{l}")
+      start = None
+  return ("layer " if len(layers) == 1 else "layers ") + ",".join(parts)
+
+
+def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None) -> list[GemmDims]:
+  """The decoder projections of a MaxText config (object or mapping of keys) that have an NVFP4 pass."""
+  get = _getter(cfg)
+  s = s or settings_lib.from_config(cfg)
+  tp = max(int(get("ici_tensor_parallelism", default=1) or 1), 1) * max(int(get("dcn_tensor_parallelism", default=1) or 1), 1)
+  emb = int(get("emb_dim", "base_emb_dim"))
+  mlp = int(get("mlp_dim", "base_mlp_dim")) // tp
+  q_heads, kv_heads = int(get("num_query_heads", "base_num_query_heads")), int(get("num_kv_heads", "base_num_kv_heads"))
+  head_dim = int(get("head_dim"))
+  q, kv = q_heads * head_dim // tp, kv_heads * head_dim // tp
+  acts = get("mlp_activations", default=("silu", "linear"))
+  fused_mlp = bool(get("fused_mlp", default=False))
+  kn = {"query": (emb, q), "key": (emb, kv), "value": (emb, kv), "qkv_proj": (emb, q + 2 * kv), "out": (q, emb),
+        "wi": (emb, mlp * (len(acts) if fused_mlp else 1)), "wo": (mlp, emb)}
+  tokens = int(float(get("per_device_batch_size", default=1)) * int(get("max_target_length", default=1)))
+  dtype = get("dtype", default="bfloat16")
+  dtype = getattr(dtype, "value", dtype)  # MaxText's config: an enum member (name BFLOAT16) or a jnp type
+  dtype = str(getattr(dtype, "__name__", None) or getattr(dtype, "name", None) or dtype).lower()
+  num_layers = int(get("num_decoder_layers", "base_num_decoder_layers", default=1))
+  scanned = bool(get("scan_layers", default=True))
+  roles = plan_lib.decoder_roles(num_activations=len(acts), fused_mlp=fused_mlp,
+                                 fused_qkv=bool(get("fused_qkv", default=False)))
+  out = []
+  for role in roles:
+    by_passes: dict[tuple[str, ...], list[int]] = {}
+    for layer in ([None] if scanned else range(num_layers)):
+      before, after = plan_lib.precisions(s, layer=layer, role=role, num_layers=num_layers)
+      passes = tuple(p for p in plan_lib.PASSES
+                     if "nvfp4" in {getattr(before, p), getattr(after or before, p)})
+      if passes:
+        by_passes.setdefault(passes, []).append(layer)
+    for passes, layers in by_passes.items():
+      k, n = kn["wi" if role.startswith("wi") else role]
+      text = "every layer" if layers == [None] else _layer_ranges(layers)
+      out.append(GemmDims(layers=text, role=role, tokens=tokens, k=k, n=n, dtype=dtype, nvfp4_passes=passes))
+  return out
+
+
+def check(cfg, s: settings_lib.Nvfp4Settings | None = None) -> list[Refusal]:
+  """Every TE refusal of the decoder NVFP4 GEMMs of ``cfg`` (empty: TE runs every one of them)."""
+  s = s or settings_lib.from_config(cfg)
+  return [r for g in decoder_gemms(cfg, s) for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
+
+
+def summary(refs: list[Refusal]) -> str:
+  """One line: ``Transformer Engine would refuse: <n> limit(s): <each>; <each>`` ("" when none)."""
+  if not refs:
+    return ""
+  return f"{REFUSAL_PREFIX} {len(refs)} limit(s) broken: " + "; ".join(r.text() for r in refs)
