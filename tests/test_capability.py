@@ -1,4 +1,5 @@
-"""Backend choice (auto | emulate | te) with faked devices and faked TE presence; error messages."""
+"""Backend choice (auto | emulate | te) with faked devices and faked TE presence (the module's TE probes
+monkeypatched); error messages."""
 
 import dataclasses
 import subprocess
@@ -25,12 +26,25 @@ B200_1 = FakeDevice("gpu", "NVIDIA B200", 1, "10.0")
 RTX5090 = FakeDevice("gpu", "NVIDIA GeForce RTX 5090", 0, "12.0")
 ROCM = FakeDevice("gpu", "AMD Instinct MI300X", 0, None)
 
-TE_OK = dict(te_version="2.9.0", te_import_error=None)
-NO_TE = dict(te_version=None)
+TE_OK = dict(version="2.9.0")
+NO_TE = dict(version=None)
 
 
 def _never_called():
   raise AssertionError("TE import probe must not run when the devices do not qualify")
+
+
+@pytest.fixture(name="fake_te")
+def _fake_te(monkeypatch):
+  """``fake_te(version=..., import_error=...)``: TE's installed version (None: absent) and its import
+  probe (None: imports; a string: the failure; a callable: the probe itself)."""
+
+  def fake(version, import_error=None):
+    monkeypatch.setattr(capability, "te_version", lambda: version)
+    probe = import_error if callable(import_error) else (lambda: import_error)
+    monkeypatch.setattr(capability, "te_unavailable_reason", probe)
+
+  return fake
 
 
 def test_compute_capability_parsing():
@@ -43,8 +57,9 @@ def test_compute_capability_parsing():
 
 
 @pytest.mark.parametrize("devices", [[B200], [B200, B200_1], [RTX5090]])
-def test_auto_picks_te_on_blackwell_with_te(devices):
-  c = choose_backend("auto", devices=devices, **TE_OK)
+def test_auto_picks_te_on_blackwell_with_te(devices, fake_te):
+  fake_te(**TE_OK)
+  c = choose_backend("auto", devices=devices)
   assert c.name == "te"
   assert "2.9.0" in c.reason
   assert f"cc {devices[0].compute_capability}" in c.reason
@@ -55,38 +70,41 @@ def test_auto_picks_te_on_blackwell_with_te(devices):
     [([CPU], "not a GPU"), ([H100], "compute capability 9.0"), ([B200, dataclasses.replace(H100, id=1)], "9.0"),
      ([ROCM], "no CUDA compute capability"), ([], "no JAX devices")],
 )
-def test_auto_falls_back_to_emulate_with_the_device_reason(devices, needle):
-  c = choose_backend("auto", devices=devices, te_version="2.9.0", te_import_error=_never_called)
+def test_auto_falls_back_to_emulate_with_the_device_reason(devices, needle, fake_te):
+  fake_te("2.9.0", import_error=_never_called)
+  c = choose_backend("auto", devices=devices)
   assert c.name == "emulate"
   assert needle in c.reason and "\n" not in c.reason
 
 
-def test_auto_mixed_devices_names_the_offending_device():
+def test_auto_mixed_devices_names_the_offending_device(fake_te):
+  fake_te(**TE_OK)
   h100_1 = dataclasses.replace(H100, id=1)
-  c = choose_backend("auto", devices=[B200, h100_1], **TE_OK)
+  c = choose_backend("auto", devices=[B200, h100_1])
   assert c.name == "emulate" and "gpu 1 (NVIDIA H100" in c.reason
 
 
-def test_auto_emulates_on_blackwell_without_te():
-  c = choose_backend("auto", devices=[B200], **NO_TE)
+def test_auto_emulates_on_blackwell_without_te(fake_te):
+  fake_te(None, import_error=_never_called)
+  c = choose_backend("auto", devices=[B200])
   assert c.name == "emulate" and "not installed" in c.reason and "maxtext-nvfp4[te]" in c.reason
 
 
-def test_auto_emulates_when_te_installed_but_import_fails():
-  c = choose_backend("auto", devices=[B200], te_version="2.9.0", te_import_error="ImportError: libcudart.so.13")
-  assert c.name == "emulate" and "libcudart" in c.reason
-  # callable probe is accepted too
-  c2 = choose_backend("auto", devices=[B200], te_version="2.9.0", te_import_error=lambda: None)
-  assert c2.name == "te"
+def test_auto_emulates_when_te_installed_but_import_fails(fake_te):
+  fake_te("2.9.0", import_error="ImportError: libcudart.so.13")
+  c = choose_backend("auto", devices=[B200])
+  assert c.name == "emulate" and "libcudart" in c.reason and "2.9.0" in c.reason
 
 
-def test_emulate_is_always_emulate():
-  c = choose_backend("emulate", devices=[B200], **TE_OK)
+def test_emulate_is_always_emulate(fake_te):
+  fake_te(**TE_OK)
+  c = choose_backend("emulate", devices=[B200])
   assert c.name == "emulate" and "requested" in c.reason
 
 
-def test_te_requested_on_blackwell_with_te():
-  assert choose_backend("te", devices=[B200, B200_1], **TE_OK).name == "te"
+def test_te_requested_on_blackwell_with_te(fake_te):
+  fake_te(**TE_OK)
+  assert choose_backend("te", devices=[B200, B200_1]).name == "te"
 
 
 @pytest.mark.parametrize(
@@ -95,12 +113,13 @@ def test_te_requested_on_blackwell_with_te():
         ([CPU], TE_OK, "not a GPU"),
         ([H100], TE_OK, "compute capability 9.0 < 10.0"),
         ([B200], NO_TE, "Transformer Engine is not installed"),
-        ([B200], dict(te_version="2.9.0", te_import_error="OSError: libcublasLt"), "libcublasLt"),
+        ([B200], dict(version="2.9.0", import_error="OSError: libcublasLt"), "libcublasLt"),
     ],
 )
-def test_te_requested_where_impossible_raises_one_line_why_and_what_to_do(devices, kw, why):
+def test_te_requested_where_impossible_raises_one_line_why_and_what_to_do(devices, kw, why, fake_te):
+  fake_te(**kw)
   with pytest.raises(BackendError) as e:
-    choose_backend("te", devices=devices, **kw)
+    choose_backend("te", devices=devices)
   msg = str(e.value)
   assert "\n" not in msg
   assert msg.startswith("nvfp4_backend=te cannot run: ")
@@ -109,19 +128,17 @@ def test_te_requested_where_impossible_raises_one_line_why_and_what_to_do(device
   assert isinstance(e.value, ValueError)
 
 
-def test_te_requested_on_cpu_without_te_also_says_how_to_install():
+@pytest.mark.parametrize("devices", [[CPU], [B200]])
+def test_te_requested_without_te_says_how_to_install(devices, fake_te):
+  fake_te(**NO_TE)
   with pytest.raises(BackendError, match=r"pip install 'maxtext-nvfp4\[te\]'"):
-    choose_backend("te", devices=[CPU], **NO_TE)
+    choose_backend("te", devices=devices)
 
 
-def test_te_requested_without_te_says_how_to_install():
-  with pytest.raises(BackendError, match=r"pip install 'maxtext-nvfp4\[te\]'"):
-    choose_backend("te", devices=[B200], **NO_TE)
-
-
-def test_unknown_backend_rejected():
+def test_unknown_backend_rejected(fake_te):
+  fake_te(**TE_OK)
   with pytest.raises(BackendError, match="choose one of: auto, emulate, te"):
-    choose_backend("cuda", devices=[B200], **TE_OK)
+    choose_backend("cuda", devices=[B200])
 
 
 def test_real_cpu_host_picks_emulate_without_importing_te():

@@ -13,8 +13,8 @@ Why ``>= 10.0``: TE JAX refuses NVFP4 below that (``_check_fp4_support``: "Devic
 
 This module never imports Transformer Engine (or any CUDA extension) at module load. The TE import is
 attempted only inside :func:`te_unavailable_reason`, and :func:`choose_backend` calls it only after
-the devices qualify, so on CPU/Hopper hosts TE is never imported. Every probe is injectable so tests
-can fake device kinds and TE presence.
+the devices qualify, so on CPU/Hopper hosts TE is never imported. Tests pass fake ``devices`` and
+monkeypatch :func:`te_version` / :func:`te_unavailable_reason` to fake TE presence.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ EMULATE_HINT = "or set nvfp4_backend=emulate"
 # pip distributions that carry TE's JAX binding, most specific first.
 TE_DISTRIBUTIONS = ("transformer-engine-jax", "transformer_engine_jax", "transformer-engine", "transformer_engine")
 
-_PROBE: Any = object()  # sentinel: "probe the real environment"
 _log = logging.getLogger(__name__)
 
 
@@ -123,24 +122,21 @@ def _device_problem(devices: Sequence[Any]) -> str | None:
   return None
 
 
-def choose_backend(
-    requested: str = "auto",
-    *,
-    devices: Sequence[Any] | None = None,
-    te_version: str | None = _PROBE,  # pylint: disable=redefined-outer-name
-    te_import_error: str | None | Callable[[], str | None] = _PROBE,
-) -> BackendChoice:
+def _te_problem(version: str | None) -> str | None:
+  """None when TE JAX is usable, else why. Imports TE: call it only once the devices qualify."""
+  if version is None:
+    return "Transformer Engine is not installed"
+  err = te_unavailable_reason()
+  return None if err is None else f"Transformer Engine {version} is installed but transformer_engine.jax fails to import ({err})"
+
+
+def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = None) -> BackendChoice:
   """Resolve ``nvfp4_backend`` to ``emulate`` or ``te`` (see the module docstring for the rule).
 
   Args:
     requested: ``auto`` | ``emulate`` | ``te``.
     devices: the local devices to judge (default ``jax.local_devices()``); anything with ``platform``,
       ``device_kind``, ``id`` and, for CUDA, ``compute_capability`` works (tests pass fakes).
-    te_version: installed TE version or None (default: package metadata via :func:`te_version`).
-    te_import_error: None when TE JAX imports, else the reason; or a zero-arg callable returning
-      that. Default: :func:`te_unavailable_reason` when TE is installed, else "not installed".
-      When ``te_version`` is injected as a string and this is not, TE is assumed to import.
-      It is evaluated only when the devices qualify, so CPU/Hopper hosts never import TE.
 
   Raises:
     BackendError: unknown ``requested``, or ``te`` requested where it cannot run (one line).
@@ -150,43 +146,28 @@ def choose_backend(
     raise BackendError(f"nvfp4_backend={requested!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
   if requested == "emulate":
     return BackendChoice(name="emulate", reason="nvfp4_backend=emulate requested: exact pure-JAX NVFP4 emulation")
-
   if devices is None:
     import jax  # pylint: disable=import-outside-toplevel
 
     devices = jax.local_devices()
   devices = list(devices)
+  version = te_version()
+  device_problem = _device_problem(devices)
+  te_problem = None if device_problem else _te_problem(version)
 
-  version_injected = te_version is not _PROBE
-  # The parameter shadows the module-level probe of the same name (the contract's spelling).
-  version = te_version if version_injected else globals()["te_version"]()
-
-  problem = _device_problem(devices)
-  if problem is None:
-    if te_import_error is _PROBE:
-      if version is None:
-        te_problem = "Transformer Engine is not installed"
-      elif version_injected:
-        te_problem = None
-      else:
-        err = te_unavailable_reason()
-        te_problem = None if err is None else f"Transformer Engine {version} is installed but transformer_engine.jax fails to import ({err})"
-    else:
-      err = te_import_error() if callable(te_import_error) else te_import_error
-      te_problem = None if err is None else f"Transformer Engine JAX is unavailable ({err})"
-    if te_problem is None:
-      kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
-      reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version or '?'} JAX imports"
-      return BackendChoice(name="te", reason=f"nvfp4_backend={requested}: {reason}")
+  if device_problem is None and te_problem is None:
+    kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
+    reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"
+    return BackendChoice(name="te", reason=f"nvfp4_backend={requested}: {reason}")
+  if te_problem is not None:
     if requested == "te":
       raise BackendError(f"nvfp4_backend=te cannot run: {te_problem}; {INSTALL_HINT}, {EMULATE_HINT}")
     return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {te_problem}; using the exact emulation ({INSTALL_HINT} to use TE)")
-
   if requested == "te":
-    te_note = "" if version is not None else " (and Transformer Engine is not installed: " + INSTALL_HINT + ")"
-    raise BackendError(f"nvfp4_backend=te cannot run: {problem}{te_note}; set nvfp4_backend=emulate (or auto) to run the exact emulation here")
+    te_note = "" if version is not None else f" (and Transformer Engine is not installed: {INSTALL_HINT})"
+    raise BackendError(f"nvfp4_backend=te cannot run: {device_problem}{te_note}; set nvfp4_backend=emulate (or auto) to run the exact emulation here")
   te_note = f"Transformer Engine {version} installed" if version is not None else "Transformer Engine not installed"
-  return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {problem}; {te_note}; using the exact emulation")
+  return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {device_problem}; {te_note}; using the exact emulation")
 
 
 _announced: set[tuple[str, str]] = set()
