@@ -1,16 +1,16 @@
 """Tests of maxtext_nvfp4.core.nvfp4: bit-exactness with TE's NVFP4 quantizer, rounding, SR, bad input.
 
 Bit-exactness is checked two ways:
-  * against the public golden vectors from TE's reference (``shared/golden``, located through
-    ``$NVFP4_GOLDEN_DIR`` or ``../shared/golden`` beside the repository; skipped only when absent);
+  * against the public golden vectors from TE's reference (``tests/golden/``, see its README; a missing
+    file fails the tests);
   * against an INDEPENDENT numpy + ml_dtypes implementation of the CUDA-kernel formulas below
-    (numpy float32 keeps subnormals, as TE's kernels do), on every input kind of the golden README.
+    (numpy float32 keeps subnormals, as TE's kernels do), on every input kind the golden vectors were
+    generated from (and a few edge kinds beyond them).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 
 import jax
@@ -23,8 +23,10 @@ from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core import nvfp4 as nv
 
 # ================================================================================================
-# Independent reference (numpy + ml_dtypes). Written from shared/reference/nvfp4_numerics.md
-# §2.1/§2.2/§4 and the golden README's numpy sketch; shares no code with maxtext_nvfp4.core.nvfp4.
+# Independent reference (numpy + ml_dtypes). Written from TE's CUDA kernels at commit d0067d0
+# (transformer_engine/common/cast/nvfp4/core_nvfp4.cuh: compute_global_encode_scaling_factor_FP4 and the
+# block-scale order; quantize_transpose_nvfp4.cuh: the element path; hadamard_transform/ for the RHT);
+# shares no code with maxtext_nvfp4.core.nvfp4.
 # ================================================================================================
 f32 = np.float32
 FLT_MAX = np.finfo(f32).max
@@ -124,7 +126,7 @@ def quantize_ref(x, mode):
 
 
 # ------------------------------------------------------------------------------------------------
-# Input kinds of the golden README ("Inputs"), generated here with our own seeds.
+# Input kinds (the golden vectors' generator kinds, tests/golden/README.md, plus edge kinds), own seeds.
 # ------------------------------------------------------------------------------------------------
 def to_bf16(v):
   """RNE to bf16 (via float32, subnormals kept), stored as float32, with -0.0 replaced by +0.0."""
@@ -246,13 +248,7 @@ def check_against(t, q, s8, amax, name):
 # ================================================================================================
 # 1. Public golden vectors (TE's reference), bit for bit
 # ================================================================================================
-def _golden_path():
-  d = os.environ.get("NVFP4_GOLDEN_DIR")
-  root = pathlib.Path(d) if d else pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "golden"
-  return root / "nvfp4_golden_public.npz"
-
-
-_GOLDEN = _golden_path()
+_GOLDEN = pathlib.Path(__file__).resolve().parent / "golden" / "nvfp4_golden_public.npz"
 _GOLDEN_CASES = (
     [c["name"] for c in json.loads(str(np.load(_GOLDEN)["__index_json__"]))["cases"]] if _GOLDEN.exists() else []
 )
@@ -261,17 +257,18 @@ _GOLDEN_CASES = (
 @pytest.fixture(scope="module")
 def golden():
   if not _GOLDEN.exists():
-    pytest.skip(f"public golden vectors not found at {_GOLDEN} (set NVFP4_GOLDEN_DIR)")
+    pytest.fail(f"{_GOLDEN} is missing: the TE golden vectors ship with the repository (tests/golden/README.md)")
   z = np.load(_GOLDEN)
   return z, {c["name"]: c for c in json.loads(str(z["__index_json__"]))["cases"]}
 
 
-def test_golden_file_present_or_skip(golden):
+def test_golden_file_present(golden):
   z, idx = golden
+  assert json.loads(str(z["__index_json__"]))["te_commit"].startswith("d0067d0")
   assert len(idx) == 22 and all(f"{n}_q" in z for n in idx)
 
 
-@pytest.mark.parametrize("name", _GOLDEN_CASES or ["<absent>"])
+@pytest.mark.parametrize("name", _GOLDEN_CASES or ["<golden file missing>"])
 def test_public_golden_bitwise(golden, name):
   z, idx = golden
   c = idx[name]
@@ -292,7 +289,7 @@ def test_public_golden_bitwise(golden, name):
 
 
 # ================================================================================================
-# 2. Every input kind of the hidden golden set, against the independent reference
+# 2. Every input kind, against the independent reference
 # ================================================================================================
 def _input_for(kind, mode, shape=(64, 128), seed=11):
   """The kind's input; for RHT the first seed (from ``seed``) whose RHT is accumulation-order free."""
@@ -335,7 +332,7 @@ def test_quantize_values_equals_block_values_of_quantize(mode, sr):
 
 
 def test_reference_inputs_hit_the_edge_paths():
-  """The generated kinds really exercise the paths the golden README flags (guards the generators)."""
+  """The generated kinds really exercise the edge paths they are named for (guards the generators)."""
   q, s8, amax = quantize_ref(make_input("tiny_clamped", (64, 128), 11), "row")
   assert np.float64(2688) / amax > np.finfo(np.float32).max  # S_enc clamped to FLT_MAX
   x = make_input("subnormal", (64, 128), 11)
