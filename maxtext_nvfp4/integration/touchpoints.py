@@ -55,6 +55,14 @@ TOUCHES: tuple[Touch, ...] = (
           use="replaced: truncate the metrics file once per fresh run, append otherwise"),
     Touch(module="maxtext.common.metric_logger", symbol="_prepare_metrics_for_json",
           use="called by the replaced write_metrics_locally (same JSON records as MaxText)"),
+    Touch(module="maxtext.checkpoint_conversion.utils.param_mapping", symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF Llama names for the NVFP4 export (checkpoint.to_hf)"),
+    Touch(module="maxtext.checkpoint_conversion.utils.param_mapping", symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF Llama layouts (minus adjust_rope) for the NVFP4 export (checkpoint.to_hf)"),
+    Touch(module="maxtext.input_pipeline.input_pipeline_interface", symbol="create_data_iterator",
+          use="the run's eval batches for the export's calibration (checkpoint.eval_batches)"),
+    Touch(module="maxtext.utils.model_creation_utils", symbol="from_config",
+          use="MaxText's forward of a checkpoint (checkpoint.maxtext_logits)"),
 )
 
 

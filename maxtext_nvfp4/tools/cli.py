@@ -14,6 +14,7 @@ COMMANDS = {
     "compare": ("maxtext_nvfp4.tools.compare", "compare runs: throughput, loss gap, verdict, plots"),
     "reproduce": ("maxtext_nvfp4.tools.reproduce", "run a baseline/NVFP4 recipe pair back to back, then compare"),
     "patch": ("maxtext_nvfp4.tools.patching", "apply/check/revert the MaxText 0.2.5 patch series"),
+    "export": ("maxtext_nvfp4.tools.export", "export a MaxText Llama checkpoint in ModelOpt's NVFP4 HF format (vLLM)"),
 }
 
 
