@@ -36,6 +36,7 @@ def _broken(g, rht=True, two_d_weights=True):
 
 def test_llama_shapes_pass_every_rule():
   assert _broken(_dims()) == []
+  assert te_limits.check({"quantization": "nvfp4"}) == []  # no model dimensions: nothing to decide
 
 
 @pytest.mark.parametrize("kw, rht, two_d, want", [
@@ -156,3 +157,17 @@ def test_emulation_logs_the_refusal_line_once_at_start_up(capsys):
   out = capsys.readouterr().out
   lines = [l for l in out.splitlines() if l.startswith("Transformer Engine would refuse:")]
   assert len(lines) == 1 and "wi_0 fprop: N (W 16x16 tiles) = 200" in lines[0], out
+
+
+def test_doctor_reports_the_refusals_in_json_and_text():
+  from maxtext_nvfp4.tools import doctor  # pylint: disable=import-outside-toplevel
+
+  report = doctor.collect(os.path.join(RECIPES, "demo_nvfp4.yml"), ["base_mlp_dim=200"])
+  refused = report["recipe"]["te_refusals"]
+  assert len(refused) == 9 and refused[0] == dict(layers="layers 0-3", role="wi_0", gemm="fprop",
+                                                  dimension="N (W 16x16 tiles)", size=200, multiple=16,
+                                                  rule=refused[0]["rule"])
+  text = doctor.format_human(report)
+  assert "Transformer Engine would refuse: 9 limit(s) broken" in text
+  assert "    layers 0-3 wo fprop: K (fprop contraction) = 200 is not a multiple of 32" in text
+  assert doctor.collect(os.path.join(RECIPES, "demo_nvfp4.yml"))["recipe"]["te_refusals"] == []

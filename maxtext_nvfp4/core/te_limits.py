@@ -152,14 +152,19 @@ def _layer_ranges(layers: list[int]) -> str:
 
 
 def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None) -> list[GemmDims]:
-  """The decoder projections of a MaxText config (object or mapping of keys) that have an NVFP4 pass."""
+  """The decoder projections of a MaxText config (object or mapping of keys) that have an NVFP4 pass.
+
+  Empty when ``cfg`` does not give the model's dimensions.
+  """
   get = _getter(cfg)
   s = s or settings_lib.from_config(cfg)
   tp = max(int(get("ici_tensor_parallelism", default=1) or 1), 1) * max(int(get("dcn_tensor_parallelism", default=1) or 1), 1)
-  emb = int(get("emb_dim", "base_emb_dim"))
-  mlp = int(get("mlp_dim", "base_mlp_dim")) // tp
-  q_heads, kv_heads = int(get("num_query_heads", "base_num_query_heads")), int(get("num_kv_heads", "base_num_kv_heads"))
-  head_dim = int(get("head_dim"))
+  model = (get("emb_dim", "base_emb_dim"), get("mlp_dim", "base_mlp_dim"), get("num_query_heads", "base_num_query_heads"),
+           get("num_kv_heads", "base_num_kv_heads"), get("head_dim"))
+  if None in model:
+    return []  # not a model config (e.g. a recipe fragment without base_config): nothing to decide
+  emb, mlp, q_heads, kv_heads, head_dim = (int(v) for v in model)
+  mlp //= tp
   q, kv = q_heads * head_dim // tp, kv_heads * head_dim // tp
   acts = get("mlp_activations", default=("silu", "linear"))
   fused_mlp = bool(get("fused_mlp", default=False))

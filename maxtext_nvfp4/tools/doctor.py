@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import maxtext_nvfp4
 from maxtext_nvfp4.backends import capability
 from maxtext_nvfp4.core import settings as settings_mod
+from maxtext_nvfp4.core import te_limits
 
 RECIPES_DIR = Path(maxtext_nvfp4.__file__).resolve().parent / "recipes"
 _MAX_CHAIN = 16
@@ -182,6 +183,8 @@ def _recipe_section(path, overrides, devices) -> dict[str, Any]:
   except (ValueError, TypeError) as e:
     out["error"] = str(e)
     return out
+  # What Transformer Engine would refuse (core/te_limits): the emulation zero-pads it, nvfp4_backend=te stops.
+  out["te_refusals"] = [r.as_dict() for r in te_limits.check(values, s)]
   try:
     c = capability.choose_backend(s.backend, devices=devices)
     out["backend"] = {"name": c.name, "reason": c.reason}
@@ -251,6 +254,10 @@ def format_human(r: dict[str, Any]) -> str:
       lines.append(f"  backend: {name} -- {rec['backend']['reason']}")
     if rec.get("te_recipe"):
       lines.append(f"  TE NVFP4BlockScaling({', '.join(f'{k}={v}' for k, v in rec['te_recipe'].items())})")
+    refused = [te_limits.Refusal(**d) for d in rec.get("te_refusals") or []]
+    if refused:
+      lines.append(f"  {te_limits.REFUSAL_PREFIX} {len(refused)} limit(s) broken (emulate pads them; te stops):")
+      lines.extend(f"    {r.text()}" for r in refused)
     if rec.get("error"):
       lines.append(f"  ERROR: {rec['error']}")
   return "\n".join(lines)
