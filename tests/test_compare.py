@@ -372,3 +372,23 @@ def test_non_finite_labels_do_not_overprint(tmp_path):
   fig.canvas.draw()
   boxes = [t.get_window_extent() for t in labels.values()]
   assert not boxes[0].overlaps(boxes[1])
+
+
+def test_layers_import_downward_only():
+  """metrics <- comparison <- report/plots <- compare: no module imports one after it, at any level
+  (function-level imports included), so plots never imports compare."""
+  import ast  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+
+  order = ["metrics", "comparison", "plots", "report", "compare"]
+  tools = pathlib.Path(compare.__file__).parent
+  for i, name in enumerate(order):
+    tree = ast.parse((tools / f"{name}.py").read_text())
+    used = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module == "maxtext_nvfp4.tools":
+        used |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("maxtext_nvfp4.tools."):
+        used.add(node.module.rsplit(".", 1)[1])
+    later = used & set(order[i + 1:])
+    assert not later, f"{name}.py imports {sorted(later)}"
