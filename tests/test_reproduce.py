@@ -199,3 +199,20 @@ def test_parse_step_line():
   assert math.isnan(reproduce.parse_step_line("completed step: 3, seconds: 1.0, total_weights: 1, loss: nan")
                     ["learning/loss"])
   assert reproduce.parse_step_line("Starting eval after train step 49") is None
+
+
+def test_recover_missing_steps_keeps_eval_summaries_in_step_order(tmp_path):
+  # What plain MaxText leaves after an eval at step 5: its running snapshot (eval step 0), its summary, steps 6..9.
+  path = tmp_path / "metrics.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in (
+      [{"step": 0.0, "eval/avg_loss": 2.9, "eval/step_time_seconds": 0.1},
+       {"step": 5.0, "eval/avg_loss": 2.8, "eval/avg_z_loss": 0.0}]
+      + [{"step": float(s), "learning/loss": 4.0 - 0.1 * s} for s in range(6, 10)])))
+  logged = {s: reproduce.parse_step_line(f"completed step: {s}, seconds: 0.5, loss: {4.0 - 0.1 * s:.3f}")
+            for s in range(10)}
+  merged, n = reproduce.recover_missing_steps(path, logged)
+  assert (merged.name, n) == ("metrics_merged.jsonl", 6)
+  recs = [json.loads(l) for l in merged.read_text().splitlines()]
+  assert [(r["step"], "eval/avg_loss" in r, r.get("source")) for r in recs] == (
+      [(s, False, "log") for s in range(6)] + [(5.0, True, None)] + [(float(s), False, None) for s in range(6, 10)])
+  assert reproduce.recover_missing_steps(merged, logged) == (merged, 0)  # complete: nothing to rebuild
