@@ -69,7 +69,7 @@ RUN_CAP = 256
 _BINARY_SUFFIXES = (".parquet", ".arrow", ".zip", ".tar", ".tgz", ".bz2", ".xz", ".zst", ".7z", ".npy", ".npz",
                     ".pdf", ".png", ".jpg", ".jpeg", ".gif", ".bin", ".safetensors", ".pkl")
 # What prepare-data writes into OUT (anything else there is the user's, and OUT is then refused).
-_OUTPUT_NAMES = ("manifest.json", "tokenizer", "tokenizer_llama3.tiktoken")
+_OUTPUT_NAMES = ("manifest.json", "manifest.json.tmp", "tokenizer", "tokenizer_llama3.tiktoken")
 
 
 class DataError(Exception):
@@ -299,8 +299,7 @@ def _write_split(out: str, split: str, docs: list[str], n_shards: int) -> list[d
     name = f"{split}-{i:05d}-of-{n_shards:05d}.parquet"
     path = os.path.join(out, name)
     part = docs[i::n_shards]
-    _write_parquet(path + ".tmp", part)
-    os.replace(path + ".tmp", path)
+    _write_parquet(path, part)  # into the private build directory: swapped in whole at the end
     entries.append({"name": name, "rows": len(part), "text_bytes": sum(len(d.encode()) for d in part),
                     "size": os.path.getsize(path), "sha256": _sha256_file(path)})
   return entries
