@@ -71,15 +71,16 @@ def test_every_yml_is_a_recipe_or_a_used_base():
   ymls = sorted(f[:-4] for f in os.listdir(RECIPES) if f.endswith(".yml"))
   bases = [y for y in ymls if y.endswith("_base")]
   assert sorted(set(ymls) - set(bases)) == sorted(RUNNABLE)
-  used = {recipes.load_recipe(os.path.join(RECIPES, f + ".yml")).get("base_config") for f in ymls}
+  maxtext_base = os.path.join(recipes.maxtext_configs_dir(), "base.yml")
+  used = {recipes.resolve([os.path.join(RECIPES, f + ".yml")]).chain[-1] for f in ymls}
   chained = set()
   for y in ymls:
     with open(os.path.join(RECIPES, y + ".yml"), encoding="utf-8") as f:
       chained.add(yaml.safe_load(f)["base_config"])
   assert all(b + ".yml" in chained for b in bases), (bases, chained)
-  assert used == {"base.yml"}  # every chain ends at MaxText's base.yml
+  assert used == {maxtext_base}  # every chain ends at MaxText's base.yml
   for y in ymls:  # no model_name: a model YAML would silently override the recipe's keys
-    assert "model_name" not in recipes.load_recipe(os.path.join(RECIPES, y + ".yml"))
+    assert recipes.load_recipe(os.path.join(RECIPES, y + ".yml"))["model_name"] == "default"
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
@@ -210,7 +211,7 @@ def test_demo_paper_settings(configs):
 
 
 def _suggested(msg):
-  return re.findall(r"recipes/[\w.]+\.yml", msg)
+  return re.findall(r"[\w.]+\.yml", msg)
 
 
 @pytest.mark.parametrize("name, te, cc, expect", [
@@ -235,8 +236,8 @@ def test_check_hardware(configs, name, te, cc, expect):
     return
   assert msg and "\n" not in msg and expect in msg, msg
   assert ("Transformer Engine" in msg) and (("not installed" in msg) == (not te))
-  for path in _suggested(msg):
-    assert os.path.isfile(os.path.join(REPO, path)), path
+  for suggested in _suggested(msg):  # a packaged recipe, never the one being run
+    assert os.path.isfile(recipes.find_recipe(suggested)) and suggested != name + ".yml", suggested
 
 
 def test_check_argv_applies_overrides():
@@ -254,7 +255,22 @@ def test_check_argv_applies_overrides():
 def test_load_recipe_follows_the_chain_child_over_parent():
   c = recipes.load_recipe(os.path.join(RECIPES, "llama3_8b_nvfp4_c4.yml"))
   assert c["run_name"] == "llama3_8b_nvfp4_c4" and c["steps"] == 10000  # c4 base over llama3_8b_base (steps: 50)
-  assert c["base_emb_dim"] == 4096 and c["base_config"] == "base.yml"
+  assert c["base_emb_dim"] == 4096 and c["base_config"] == "llama3_8b_c4_base.yml"  # the top file's key
+  assert c["log_period"] == 100  # a key only MaxText's base.yml sets: the chain reaches it
+
+
+# pydantic turns these into other types/values after the YAML merge (enums, dtypes, rules, derived paths)
+_COERCED = {"logical_axis_rules", "data_sharding", "dtype", "weight_dtype", "grad_dtype", "mu_dtype", "tokenizer_path"}
+
+
+@pytest.mark.parametrize("name", RUNNABLE)
+def test_reader_gives_every_recipe_key_as_maxtext_builds_it(configs, name):
+  """The one reader (train's start-up checks, doctor) equals pyconfig.initialize on every key the recipe
+  chain sets, for every packaged recipe."""
+  r = recipes.resolve([os.path.join(RECIPES, name + ".yml")])
+  mine = {k: r.values[k] for k, src in r.sources.items() if src in r.chain[:-1] and k not in _COERCED
+          and k != "base_config"}
+  assert mine and {k: configs[name][k] for k in mine} == {k: _value(v) for k, v in mine.items()}
 
 
 def _metrics(path):

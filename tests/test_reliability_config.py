@@ -108,15 +108,16 @@ def test_cli_exits_2_with_the_one_line_before_compiling(cli_runs, case):
   r = cli_runs[case]
   assert r["rc"] == 2, r["stderr"][-3000:]
   lines = [l for l in r["stderr"].splitlines() if l.strip()]
-  last = lines[-1]
-  assert last.startswith("MAXTEXT CONFIG ERROR: "), last
+  # Caught by train's start-up check (the plugin's checks on the recipe as MaxText reads it) before
+  # MaxText starts: one line, MaxText's own logging never runs.
+  assert len(lines) == 1 and lines[0].startswith("maxtext-nvfp4 train: error: "), lines
   for w in BAD[case][1]:
-    assert w in last, (w, last)
+    assert w.strip("'") in lines[0], (w, lines[0])
   everything = r["stdout"] + r["stderr"]
   for w in PAST_CONFIG:
     assert w not in everything, (w, everything[-3000:])
   # No training artifacts either.
   assert "completed step" not in everything and "learning/loss" not in everything
-  # Fast: the time is Python/MaxText imports; nothing is built or compiled. Generous bound for a
-  # loaded 2-core machine (a tiny run that does compile takes minutes there).
-  assert r["seconds"] < 120, r["seconds"]
+  # Fast: the time is Python imports and MaxText's config schema; nothing is built or compiled. Generous
+  # bound for a loaded 2-core machine (a tiny run that does compile takes minutes there).
+  assert r["seconds"] < 60, r["seconds"]

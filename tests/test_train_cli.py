@@ -58,3 +58,35 @@ def test_single_host_cpu_checkpointing_skips_jax_distributed(monkeypatch):
   assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=false"])
   monkeypatch.setattr(train, "_accelerator_present", lambda: True)
   assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true"])
+
+
+def test_default_tokenizer_only_when_the_whole_chain_sets_none(tmp_path, monkeypatch, capsys):
+  monkeypatch.delenv("M_TOKENIZER_PATH", raising=False)
+  (tmp_path / "base2.yml").write_text("base_config: base.yml\ntokenizer_path: my/tok\n")
+  (tmp_path / "a.yml").write_text("base_config: base2.yml\n")  # set two levels down: no default added
+  (tmp_path / "b.yml").write_text("base_config: base.yml\n")
+  assert train.with_default_tokenizer([str(tmp_path / "a.yml")]) == [str(tmp_path / "a.yml")]
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml")])[-1].startswith("tokenizer_path=")
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml"), "tokenizer_path=x"])[-1] == "tokenizer_path=x"
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml"), "model_name=llama2-7b"])[-1] == "model_name=llama2-7b"
+  monkeypatch.setenv("M_TOKENIZER_PATH", "env/tok")
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml")]) == [str(tmp_path / "b.yml")]
+  assert capsys.readouterr().out.count("no tokenizer_path given") == 1
+
+
+def test_packaged_name_resolves_to_the_packaged_file_for_maxtext(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # a pip user's empty directory
+  (tmp_path / "data" / "embedded").mkdir(parents=True)
+  for split in ("train", "eval"):
+    (tmp_path / "data" / "embedded" / f"{split}-0.parquet").write_bytes(b"")
+  for name in ("demo_nvfp4", "demo_nvfp4.yml"):
+    args, cfg = train.check_command_line([name, "steps=2"])
+    assert args == [os.path.join(recipes.PACKAGED_RECIPES, "demo_nvfp4.yml"), "steps=2"]
+    assert cfg["steps"] == 2 and cfg["quantization"] == "nvfp4"
+
+
+def test_version_and_recipe_list(capsys):
+  assert train.cli_main(["--version"]) == 0 and capsys.readouterr().out.startswith("maxtext-nvfp4 ")
+  assert train.cli_main(["--list"]) == 0
+  out = capsys.readouterr().out
+  assert all(f"{n} " in out for n in ("demo_nvfp4", "llama3_8b_nvfp4", "proxy_1gpu_fp8")) and "_base" not in out

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.abc
+import re
 import sys
 import threading
 from typing import Any, Literal
@@ -114,6 +115,33 @@ def _one_line_error(e) -> Exception | None:
   return settings_lib.SettingsError("; ".join(parts))
 
 
+_UNKNOWN_KEY = re.compile(r"^'([^']+)' not in '")  # pyconfig._prepare_for_pydantic's message (lists every field)
+
+
+def known_config_keys() -> list[str]:
+  """Every key MaxText's pyconfig accepts (``MaxTextConfig`` fields, fields of its nested models, the
+  multimodal keys it ignores) plus the ``nvfp4_*`` keys; for "did you mean" only."""
+  from maxtext.configs import types  # pylint: disable=import-outside-toplevel
+
+  keys, todo = set(settings_lib.config_keys()), [types.MaxTextConfig.model_fields, types.Multimodal.model_fields]
+  while todo:
+    for name, field in todo.pop().items():
+      keys.add(name)
+      if hasattr(getattr(field, "annotation", None), "model_fields"):
+        todo.append(field.annotation.model_fields)
+  return sorted(keys)
+
+
+def unknown_key_error(key: str, where: str = "") -> settings_lib.SettingsError:
+  """One line for a key MaxText does not know, with the closest known keys (difflib) as the fix."""
+  import difflib  # pylint: disable=import-outside-toplevel
+
+  close = difflib.get_close_matches(key, known_config_keys(), n=2, cutoff=0.75)
+  fix = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
+         else "see docs/usage.md for the nvfp4_* keys and MaxText's base.yml for the others")
+  return settings_lib.SettingsError(f"unknown config key {key!r}{' ' + where if where else ''}; {fix}")
+
+
 def validate_config(config) -> None:
   """Cross-key checks for ``quantization=nvfp4`` (one-line :class:`SettingsError`/``BackendError``)."""
   if not _is_nvfp4(config):
@@ -147,6 +175,11 @@ def _patch_pyconfig(pyconfig) -> None:
         if short is None:
           raise
         raise short from None
+      except ValueError as e:  # MaxText's unknown-key error is one line of every field name (~21,000 characters)
+        unknown = _UNKNOWN_KEY.match(str(e))
+        if unknown is None:
+          raise
+        raise unknown_key_error(unknown.group(1)) from None
       validate_config(config)
       return config
     return _initialize_pydantic

@@ -190,7 +190,10 @@ _logged: set[str] = set()
 
 
 def _log_once(text: str, warn: bool = False) -> None:
-  """Print and log ``text`` once per process (MaxText builds the quantization object several times)."""
+  """Show ``text`` once per process (MaxText builds the quantization object several times): printed to
+  stdout (where the step lines are parsed), or logged as a warning when ``warn``. The printed text goes
+  to ``logging`` at DEBUG only: under MaxText's absl handler an INFO record reaches the console too, so
+  every line was shown twice."""
   with _log_lock:
     if text in _logged:
       return
@@ -199,7 +202,7 @@ def _log_once(text: str, warn: bool = False) -> None:
     _log.warning(text)
     return
   print(text, flush=True)
-  _log.info(text)
+  _log.debug(text)
 
 
 def precision_table_text(config) -> str:

@@ -6,18 +6,20 @@ JAX binding imports, the MaxText version and the state of our MaxText patch seri
 ``nvfp4_backend=auto`` picks and why, and, with ``--recipe FILE.yml [key=value ...]``, the effective
 ``nvfp4_*`` settings of that recipe (where each value came from) and the backend it would run on.
 
-Recipe files are read with pyyaml, not MaxText: ``base_config`` chains are followed only into our own
-recipes directory (``maxtext_nvfp4/recipes``); a base outside it (MaxText's ``base.yml``) contributes
-only our defaults, which the patch set's ``base.yml`` hunk mirrors. Command-line ``key=value``
-overrides are YAML-typed, as MaxText's ``OmegaConf.from_cli`` does.
+The recipe (a path or a packaged name) is found and read by :func:`maxtext_nvfp4.tools.recipes.resolve`,
+the reader ``train`` uses, in MaxText 0.2.5's own order: ``base_config`` beside each file first, then
+MaxText's configs folder; then the ``key=value`` overrides, the ``model_name`` YAML and ``M_*``
+variables. A key no file sets shows its default (our settings' default; MaxText's ``base.yml`` carries
+the ``nvfp4_*`` keys only when the patch series is applied).
 
-Usage: ``maxtext-nvfp4 doctor [--json] [--recipe FILE.yml] [key=value ...]``. Exit status 0, or 1 when
-the recipe cannot be read or its settings are invalid.
+Usage: ``maxtext-nvfp4 doctor [--json] [--recipe RECIPE] [key=value ...]``. Exit status 0; 2 with one
+line on stderr when an argument is wrong, the recipe cannot be found or read, names a key MaxText does
+not know (checked before JAX starts; no report), or its settings are invalid or cannot run here (after
+the report, which shows the error too).
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.metadata
 import json
@@ -30,10 +32,7 @@ import maxtext_nvfp4
 from maxtext_nvfp4.backends import capability
 from maxtext_nvfp4.core import settings as settings_mod
 from maxtext_nvfp4.core import te_limits
-
-RECIPES_DIR = Path(maxtext_nvfp4.__file__).resolve().parent / "recipes"
-_MAX_CHAIN = 16
-
+from maxtext_nvfp4.tools import recipes as recipes_mod
 
 def _jax_section() -> dict[str, Any]:
   try:
@@ -86,105 +85,38 @@ def _maxtext_section() -> dict[str, Any]:
   return out
 
 
-def _resolve_base(current: Path, base: str) -> Path | None:
-  """The base file when it lies in our recipes dir (next to ``current`` first, as MaxText looks)."""
-  for cand in ((current.parent / base), (RECIPES_DIR / Path(base).name)):
-    try:
-      cand = cand.resolve()
-    except OSError:
-      continue
-    if cand.is_file() and cand.parent == RECIPES_DIR.resolve():
-      return cand
-  return None
+def read_recipe(recipe: str, overrides: Sequence[str] = ()) -> recipes_mod.Recipe:
+  """The recipe and overrides as train will read them; raises a one-line :class:`recipes_mod.RecipeError`
+  (missing, unreadable, bad YAML, bad override) or :class:`settings_mod.SettingsError` (a key MaxText
+  does not know)."""
+  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+
+  r = recipes_mod.resolve([recipe, *overrides])
+  known = set(plugin.known_config_keys())
+  for key in r.values:
+    if key not in known and key != "base_config":
+      src = r.sources.get(key, "")
+      raise plugin.unknown_key_error(key, "on the command line" if src == "command line" else f"(set in {src})")
+  return r
 
 
-def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-  """Merge a recipe's ``base_config`` chain (ours only) and overrides; return values and sources.
-
-  Returns ``{"file", "chain", "stopped_at", "values": {key: value}, "sources": {key: where}}`` with
-  ``values`` holding every key seen (child over parent, overrides last).
-
-  Raises:
-    FileNotFoundError / ValueError: unreadable file, non-mapping YAML, malformed override, a cycle.
-  """
-  import yaml  # pylint: disable=import-outside-toplevel
-
-  path = Path(path)
-  if not path.is_file():
-    raise FileNotFoundError(f"recipe {path} does not exist")
-  chain: list[Path] = []
-  contents: list[dict] = []  # parsed YAML of each chain file, read once
-  stopped_at = None
-  cur: Path | None = path.resolve()
-  while cur is not None:
-    if cur in chain:
-      raise ValueError(f"base_config cycle at {cur}")
-    if len(chain) >= _MAX_CHAIN:
-      raise ValueError(f"base_config chain longer than {_MAX_CHAIN} files")
-    chain.append(cur)
-    data = yaml.safe_load(cur.read_text()) or {}
-    if not isinstance(data, dict):
-      raise ValueError(f"{cur}: expected a YAML mapping at top level, got {type(data).__name__}")
-    contents.append(data)
-    base = data.get("base_config")
-    nxt = _resolve_base(cur, str(base)) if base else None
-    if base and nxt is None:
-      stopped_at = str(base)
-    cur = nxt
-  values: dict[str, Any] = {}
-  sources: dict[str, str] = {}
-  for f, data in reversed(list(zip(chain, contents))):  # parent first, child overrides
-    for k, v in data.items():
-      if k == "base_config":
-        continue
-      values[k] = v
-      sources[k] = str(f)
-  for item in overrides:
-    key, sep, raw = item.partition("=")
-    if not sep or not key:
-      raise ValueError(f"override {item!r} is not of the form key=value")
-    values[key] = yaml.safe_load(raw) if raw != "" else ""
-    sources[key] = "command line"
-  return {"file": str(path), "chain": [str(c) for c in chain], "stopped_at": stopped_at, "values": values,
-          "sources": sources}
-
-
-def _recipe_section(path, overrides, devices) -> dict[str, Any]:
-  try:
-    loaded = load_recipe(path, overrides)
-  except (OSError, ValueError) as e:
-    return {"file": str(path), "error": str(e)}
-  except Exception as e:  # pylint: disable=broad-except  # yaml.YAMLError and friends
-    return {"file": str(path), "error": f"{type(e).__name__}: {e}"}
-  values, sources = loaded["values"], loaded["sources"]
+def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
+  values, sources = recipe.values, recipe.sources
   known = settings_mod.config_keys()
-  unknown = sorted(k for k in values if k.startswith("nvfp4_") and k not in known)
   out: dict[str, Any] = {
-      "file": loaded["file"],
-      "chain": loaded["chain"],
-      "base_not_followed": loaded["stopped_at"],
+      "file": recipe.path,
+      "chain": list(recipe.chain),
+      "model_file": recipe.model_file,
       "quantization": values.get("quantization"),
   }
-  if unknown:
-    out["error"] = f"unknown key(s) {', '.join(unknown)}; known nvfp4 keys: {', '.join(known)}"
-    return out
   mapping = {k: values.get(k, d) for k, d in known.items()}
-  out["settings"] = {k: {"value": mapping[k], "source": sources.get(k, "default")} for k in known}
-  try:
-    s = settings_mod.from_config(mapping)
-    steps = values.get("steps")
-    settings_mod.validate(
-        s,
-        num_layers=values.get("base_num_decoder_layers"),
-        steps=int(steps) if isinstance(steps, (int, float)) else None,
-        # MaxText's base.yml default is scan_layers: true; kept layers need it false.
-        scan_layers=values.get("scan_layers", True),
-    )
-  except (ValueError, TypeError) as e:
-    out["error"] = str(e)
+  out["settings"] = {k: {"value": mapping[k], "source": sources.get(k, "default") if k in values else "default"}
+                     for k in known}
+  problem = recipes_mod.settings_error(values)
+  if problem:
+    out["error"] = problem
     return out
-  # What Transformer Engine would refuse (core/te_limits): the emulation zero-pads it, nvfp4_backend=te stops.
-  out["te_refusals"] = [r.as_dict() for r in te_limits.check(values, s)]
+  s = settings_mod.from_config(mapping)
   try:
     c = capability.choose_backend(s.backend, devices=devices)
     out["backend"] = {"name": c.name, "reason": c.reason}
@@ -199,8 +131,10 @@ def _recipe_section(path, overrides, devices) -> dict[str, Any]:
   return out
 
 
-def collect(recipe_path: str | Path | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
-  """Everything ``doctor`` reports, as a JSON-serialisable dict (see the module docstring)."""
+def collect(recipe: str | Path | recipes_mod.Recipe | None = None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+  """Everything ``doctor`` reports, as a JSON-serialisable dict (see the module docstring). ``recipe``: a
+  path or packaged name (read with ``overrides``; an unreadable one gives ``{"file", "error"}``) or a
+  :func:`read_recipe` result."""
   jax_info = _jax_section()
   devices = jax_info.pop("_devices", None)
   report: dict[str, Any] = {
@@ -215,8 +149,14 @@ def collect(recipe_path: str | Path | None = None, overrides: Sequence[str] = ()
     report["backend_auto"] = {"name": c.name, "reason": c.reason}
   else:
     report["backend_auto"] = {"name": "emulate", "reason": f"JAX devices unavailable ({jax_info.get('error')})"}
-  if recipe_path is not None:
-    report["recipe"] = _recipe_section(recipe_path, overrides, devices)
+  if recipe is not None:
+    if not isinstance(recipe, recipes_mod.Recipe):
+      try:
+        recipe = read_recipe(str(recipe), overrides)
+      except (recipes_mod.RecipeError, settings_mod.SettingsError) as e:
+        report["recipe"] = {"file": str(recipe), "error": str(e)}
+        return report
+    report["recipe"] = _recipe_section(recipe, devices)
   return report
 
 
@@ -243,8 +183,8 @@ def format_human(r: dict[str, Any]) -> str:
     lines.append(f"Recipe:       {rec['file']}")
     if rec.get("chain") and len(rec["chain"]) > 1:
       lines.append("  base_config chain: " + " <- ".join(rec["chain"]))
-    if rec.get("base_not_followed"):
-      lines.append(f"  base_config {rec['base_not_followed']!r} not followed (outside our recipes dir; defaults apply)")
+    if rec.get("model_file"):
+      lines.append(f"  model_name config: {rec['model_file']}")
     if rec.get("quantization") is not None:
       lines.append(f"  quantization = {rec['quantization']}")
     for k, v in (rec.get("settings") or {}).items():
@@ -264,19 +204,33 @@ def format_human(r: dict[str, Any]) -> str:
 
 
 def cli_main(argv: list[str]) -> int:
-  p = argparse.ArgumentParser(prog="maxtext-nvfp4 doctor", description=__doc__.split("\n\n")[0])
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+
+  p = cli.ArgumentParser(prog="maxtext-nvfp4 doctor", description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="print one JSON object (for scripts)")
-  p.add_argument("--recipe", metavar="FILE.yml", help="also show this recipe's effective nvfp4_* settings")
+  p.add_argument("--recipe", metavar="RECIPE", help="also show this recipe's effective nvfp4_* settings (a .yml"
+                 " path or a packaged name)")
   p.add_argument("overrides", nargs="*", metavar="key=value", help="overrides applied to --recipe")
-  a = p.parse_args(argv)
+  a = p.parse_intermixed_args(argv)
   if a.overrides and not a.recipe:
-    p.error("key=value overrides need --recipe FILE.yml")
-  report = collect(a.recipe, a.overrides)
+    p.error("key=value overrides need --recipe RECIPE")
+  recipe = None
+  if a.recipe is not None:
+    try:
+      recipe = read_recipe(a.recipe, a.overrides)
+    except (recipes_mod.RecipeError, settings_mod.SettingsError) as e:
+      print(f"maxtext-nvfp4 doctor: error: {' '.join(str(e).split())}", file=sys.stderr)
+      return 2
+  report = collect(recipe)
   if a.json:
     print(json.dumps(report, indent=2, sort_keys=False, default=str))
   else:
     print(format_human(report))
-  return 1 if (report.get("recipe") or {}).get("error") else 0
+  error = (report.get("recipe") or {}).get("error")
+  if error:
+    print(f"maxtext-nvfp4 doctor: error: {' '.join(str(error).split())}", file=sys.stderr)
+    return 2
+  return 0
 
 
 if __name__ == "__main__":

@@ -31,8 +31,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from maxtext_nvfp4.tools import cli as cli_mod
 from maxtext_nvfp4.tools import compare
 from maxtext_nvfp4.tools import metrics as metrics_io  # (`metrics` names files here)
+from maxtext_nvfp4.tools import recipes as recipes_mod
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,28 +96,13 @@ class ReproduceError(ValueError):
   """Bad input for reproduce. Message: one line."""
 
 
-def recipe_dirs(recipes_dir: str | None = None) -> list[Path]:
-  """Where recipes are looked up: ``--recipes-dir`` only, else ./recipes, the checkout's recipes/, and the
-  packaged ``maxtext_nvfp4/recipes``."""
-  if recipes_dir:
-    return [Path(recipes_dir)]
-  pkg = Path(__file__).resolve().parent.parent  # maxtext_nvfp4/
-  dirs = [Path.cwd() / "recipes", pkg.parent / "recipes", pkg / "recipes"]
-  seen, out = set(), []
-  for d in dirs:
-    if d.resolve() not in seen:
-      seen.add(d.resolve())
-      out.append(d)
-  return out
-
-
 def find_recipe(name: str, recipes_dir: str | None = None) -> Path:
-  dirs = recipe_dirs(recipes_dir)
-  for d in dirs:
-    if (d / name).is_file():
-      return d / name
-  raise ReproduceError(f"recipe {name} not found (looked in: {', '.join(map(str, dirs))}); "
-                       "create it or pass --recipes-dir")
+  """:func:`maxtext_nvfp4.tools.recipes.find_recipe` (``--recipes-dir`` alone when given, else ./recipes
+  and the packaged recipes), as a :class:`ReproduceError`."""
+  try:
+    return Path(recipes_mod.find_recipe(name, recipes_dir))
+  except recipes_mod.RecipeError as e:
+    raise ReproduceError(f"{e}{'; create it or pass --recipes-dir' if not recipes_dir else ''}") from None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -281,7 +268,7 @@ def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool 
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(
+  p = cli_mod.ArgumentParser(
       prog="maxtext-nvfp4 reproduce",
       description="Train a named baseline/NVFP4 recipe pair back to back (same seeds and data), then compare.",
       epilog="pairs: " + "; ".join(f"{p.name}: {p.baseline_recipe} vs {p.nvfp4_recipe}" for p in PAIRS.values())
@@ -312,16 +299,23 @@ def cli_main(argv: list[str]) -> int:
     a = parser.parse_intermixed_args(argv)
   except SystemExit as e:
     return int(e.code or 0)
+  out = a.out or os.path.join("reproduce_out", a.pair)
   bad = [o for o in a.overrides if "=" not in o or o.startswith("=")]
-  positive = [(k, v) for k, v in (("--steps", a.steps), ("--layers", a.layers), ("--seq", a.seq),
-                                  ("--batch", a.batch)) if v is not None and v <= 0]
-  if bad or positive:
-    what = f"overrides must be KEY=VALUE: {' '.join(bad)}" if bad else f"{positive[0][0]} must be > 0"
+  positive = [k for k, v in (("--steps", a.steps), ("--layers", a.layers), ("--seq", a.seq), ("--batch", a.batch))
+              if v is not None and v <= 0]
+  problems = [  # (is wrong, what to say), checked before anything is read, run or written
+      (bad, f"overrides must be KEY=VALUE: {' '.join(bad)}"),
+      (positive, f"{positive[0] if positive else ''} must be > 0"),
+      (a.recipes_dir and not os.path.isdir(a.recipes_dir), f"--recipes-dir {a.recipes_dir} is not a directory"),
+      (os.path.lexists(out) and not os.path.isdir(out), f"--out {out} exists and is not a directory; choose another"),
+  ]
+  what = next((msg for wrong, msg in problems if wrong), None)
+  if what:
     print(f"maxtext-nvfp4 reproduce: error: {what}", file=sys.stderr)
     return 2
   knobs = Knobs(steps=a.steps, layers=a.layers, seq=a.seq, batch=a.batch, overrides=tuple(a.overrides))
   try:
-    plan = build_plan(a.pair, out=a.out or os.path.join("reproduce_out", a.pair), knobs=knobs, seed=a.seed,
+    plan = build_plan(a.pair, out=out, knobs=knobs, seed=a.seed,
                       python=a.python, recipes_dir=a.recipes_dir)
     if a.dry_run:
       print(plan.label)

@@ -5,14 +5,23 @@ Runs ``absl.app.run(maxtext.trainers.pre_train.train.main)`` (so MaxText's per-s
 the decoder GEMM precision table are logged once when MaxText builds the model. Also ``maxtext-nvfp4
 train ...`` (:func:`cli_main`).
 
-Two conveniences over calling MaxText directly:
+``RECIPE`` is a path or a packaged recipe name (``demo_nvfp4``; ``--list`` shows them), found and read
+by :mod:`maxtext_nvfp4.tools.recipes` exactly as MaxText will read it. Before MaxText starts (no JAX
+backend, nothing compiled, nothing written), the command line is checked and every problem ends the
+process with ONE line on stderr and exit code 2: a recipe that is missing, unreadable, a folder, not
+``.yml``, not YAML or not a mapping; a token that is not ``key=value``; a config key MaxText does not
+know (with "did you mean"); a local grain dataset that matches no file (for the demo data: how to
+build it); hardware the recipe needs (with the proxy to use instead).
+
+Conveniences over calling MaxText directly:
 
 * MaxText 0.2.5 installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
-  (``site-packages/maxtext/src/maxtext/assets/...``). When neither the command line, the recipe YAML (or a
-  ``base_config`` beside it) nor ``M_TOKENIZER_PATH`` sets ``tokenizer_path``, we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
+  (``site-packages/maxtext/src/maxtext/assets/...``). When the effective config sets no
+  ``tokenizer_path`` (command line, recipe chain, ``M_TOKENIZER_PATH``) and no ``model_name`` (whose
+  Hugging Face tokenizer MaxText picks itself), we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
   and say so.
-* Config errors (ours and MaxText's pydantic ones) end the process with exit code 2 and the one-line
-  ``MAXTEXT CONFIG ERROR: ...`` message MaxText logs, without a traceback. (MaxText itself re-raises
+* Config errors MaxText finds later (ours and its pydantic ones) end the process with exit code 2 and
+  the one-line ``MAXTEXT CONFIG ERROR: ...`` message, without a traceback. (MaxText itself re-raises
   instead of exiting 2 whenever ``unittest`` is imported, which its own imports do.)
 """
 
@@ -23,39 +32,13 @@ import sys
 
 import maxtext_nvfp4
 
-_USAGE = "usage: python -m maxtext_nvfp4.train [RECIPE.yml] [key=value ...]   (MaxText config keys and nvfp4_* keys)"
+_USAGE = ("usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...] | --list | --version\n"
+          "  RECIPE: a .yml path or a packaged recipe name (--list); keys: MaxText's and nvfp4_* (docs/usage.md)")
 
 
-def _yaml_keys(path: str) -> dict:
-  """Top-level keys of a recipe YAML (``{}`` if unreadable; MaxText reports real problems itself)."""
-  try:
-    import yaml  # pylint: disable=import-outside-toplevel
-
-    with open(path, encoding="utf-8") as f:
-      data = yaml.safe_load(f)
-    return data if isinstance(data, dict) else {}
-  except (OSError, ValueError, ImportError):
-    return {}
-  except Exception:  # pylint: disable=broad-exception-caught  (yaml.YAMLError)
-    return {}
-
-
-def _yaml_sets_tokenizer(path: str) -> bool:
-  """Whether the recipe or a ``base_config`` it inherits from (beside it, as MaxText looks first) sets one.
-
-  MaxText's packaged base.yml has ``tokenizer_path: ""``, so a chain ending there sets none.
-  """
-  for _ in range(16):  # base_config chains are short; a cycle must not hang us
-    keys = _yaml_keys(path)
-    if keys.get("tokenizer_path"):
-      return True
-    base = keys.get("base_config")
-    if not isinstance(base, str):
-      return False
-    path = base if os.path.isabs(base) else os.path.join(os.path.dirname(path), base)
-    if not os.path.isfile(path):
-      return False
-  return False
+def _fail(message: str) -> int:
+  print(f"maxtext-nvfp4 train: error: {message}", file=sys.stderr, flush=True)
+  return 2
 
 
 def default_tokenizer_path() -> str:
@@ -65,11 +48,11 @@ def default_tokenizer_path() -> str:
   return os.path.join(touchpoints.maxtext_package_dir(), "assets", "tokenizers", "tokenizer.llama2")
 
 
-def with_default_tokenizer(args: list[str]) -> list[str]:
-  """``args`` (``[RECIPE.yml] key=value ...``) plus ``tokenizer_path=<default>`` when nothing sets it."""
-  if any(a.startswith("tokenizer_path=") for a in args) or "M_TOKENIZER_PATH" in os.environ:
-    return args
-  if args and args[0].endswith(".yml") and _yaml_sets_tokenizer(args[0]):
+def with_default_tokenizer(args: list[str], cfg: dict | None = None) -> list[str]:
+  """``args`` (``[RECIPE] key=value ...``) plus ``tokenizer_path=<default>`` when the effective config sets
+  neither ``tokenizer_path`` nor a ``model_name``. ``cfg``: :func:`_effective` of ``args`` if known."""
+  cfg = _effective(args) if cfg is None else cfg
+  if cfg.get("tokenizer_path") or str(cfg.get("model_name", "default") or "default") != "default":
     return args
   path = default_tokenizer_path()
   print(f"maxtext-nvfp4: no tokenizer_path given; using {path} (MaxText's pip-install default points to a"
@@ -84,7 +67,9 @@ def _config_error_types() -> tuple[type, ...]:
 
   from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
 
-  return (settings.SettingsError, pydantic.ValidationError, capability.BackendError)
+  from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+  return (settings.SettingsError, pydantic.ValidationError, capability.BackendError, recipes.RecipeError)
 
 
 def _main_exit_2_on_config_error(argv):
@@ -99,14 +84,10 @@ def _main_exit_2_on_config_error(argv):
 
 
 def _effective(args: list[str]) -> dict:
-  """The command line's effective keys (recipe chain + overrides); ``{}`` for an unreadable recipe
-  (MaxText reports that itself)."""
+  """The command line's effective keys (:func:`recipes.resolve`); raises :class:`recipes.RecipeError`."""
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
-  try:
-    return recipes.effective_config(args)
-  except Exception:  # pylint: disable=broad-exception-caught
-    return {}
+  return dict(recipes.resolve(args).values)
 
 
 def hardware_error(args: list[str], cfg: dict | None = None) -> str | None:
@@ -119,7 +100,8 @@ def hardware_error(args: list[str], cfg: dict | None = None) -> str | None:
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
   te, cc = recipes.detect_hardware()
-  return recipes.check_hardware(_effective(args) if cfg is None else cfg, te_available=te, gpu_cc=cc)
+  recipe = args[0] if args and "=" not in args[0] else None
+  return recipes.check_hardware(_effective(args) if cfg is None else cfg, te_available=te, gpu_cc=cc, recipe=recipe)
 
 
 def ensure_metrics_dir(args: list[str], cfg: dict | None = None) -> None:
@@ -159,24 +141,55 @@ def with_single_host_cpu_defaults(args: list[str], cfg: dict | None = None) -> l
   return [*args, "skip_jax_distributed_system=true"]
 
 
+def check_command_line(args: list[str]) -> tuple[list[str], dict]:
+  """``(args with the recipe resolved to its path, effective config)``, or :class:`recipes.RecipeError` /
+  :class:`settings.SettingsError` with the one line to print: everything :func:`cli_main` refuses before
+  MaxText starts (see the module docstring). Imports MaxText's config schema (for unknown keys) only."""
+  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+  resolved = recipes.resolve(args)
+  if args and "=" not in args[0]:
+    args = [resolved.path, *args[1:]]  # MaxText needs the .yml path (it would look for a bare name in src/)
+  cfg = dict(resolved.values)
+  known = set(plugin.known_config_keys())
+  for key in cfg:
+    if key not in known and key != "base_config":
+      src = resolved.sources.get(key, "")
+      where = "on the command line" if src == "command line" else f"(set in {src})" if src else ""
+      raise plugin.unknown_key_error(key, where)
+  nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
+  problem = (nvfp4 and recipes.settings_error(cfg)) or hardware_error(args, cfg) or recipes.missing_data_error(cfg)
+  if problem:
+    raise recipes.RecipeError(problem)
+  return args, cfg
+
+
 def cli_main(argv: list[str]) -> int:
-  """``maxtext-nvfp4 train [RECIPE.yml] [key=value ...]``; returns the process exit code."""
+  """``maxtext-nvfp4 train [RECIPE] [key=value ...]``; returns the process exit code."""
   args = list(argv)
   if args and args[0] in ("-h", "--help"):
     print(_USAGE)
     return 0
-  cfg = _effective(args)  # read the recipe chain once for the three start-up checks below
-  problem = hardware_error(args, cfg)
-  if problem:
-    print(f"maxtext-nvfp4: {problem}", file=sys.stderr, flush=True)
-    return 2
+  if args and args[0] in ("--list", "--version"):
+    from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+    print(recipes.recipes_listing() if args[0] == "--list" else f"maxtext-nvfp4 {maxtext_nvfp4.__version__}")
+    return 0
+  if args and args[0].startswith("-"):
+    return _fail(f"unknown option {args[0]!r}; usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...]"
+                 " (--list shows the packaged recipes)")
+  try:
+    args, cfg = check_command_line(args)
+  except _config_error_types() as e:
+    return _fail(" ".join(str(e).split()))
   ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
   for stream in (sys.stdout, sys.stderr):
     if hasattr(stream, "reconfigure"):
       stream.reconfigure(line_buffering=True)
   maxtext_nvfp4.register()
-  args = with_single_host_cpu_defaults(with_default_tokenizer(args), cfg)
+  args = with_single_host_cpu_defaults(with_default_tokenizer(args, cfg), cfg)
   from absl import app  # pylint: disable=import-outside-toplevel
 
   try:

@@ -1,13 +1,12 @@
 """``maxtext-nvfp4 verify-hardware``: run :mod:`maxtext_nvfp4.backends.te_check` and report.
 
 For users with Blackwell (compute capability >= 10.0) and Transformer Engine JAX; elsewhere it exits
-with status 2 and the capability reason. What is checked and the pass criteria: the docstring of
+with status 2 and one line: why (the capability reason) and what it needs. What is checked and the pass criteria: the docstring of
 :mod:`maxtext_nvfp4.backends.te_check`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -36,9 +35,19 @@ def _format(results, choice) -> str:
   return "\n".join(lines)
 
 
+def not_here_reason(choice: capability.BackendChoice) -> str:
+  """Why verify-hardware cannot run where ``nvfp4_backend=auto`` chose ``choice`` (not ``te``), and what
+  it needs; no "use the emulation" advice: the emulation is what it checks TE against."""
+  why = choice.reason.removeprefix("nvfp4_backend=auto: ").split("; using the exact emulation")[0]
+  return (f"verify-hardware cannot run here: {why}; it needs every local device to be a Blackwell GPU (compute"
+          f" capability >= {capability.MIN_COMPUTE_CAPABILITY:.1f}) with Transformer Engine JAX ({capability.INSTALL_HINT})")
+
+
 def cli_main(argv: list[str]) -> int:
-  """Exit 0: all checks pass; 1: a check failed; 2: no Blackwell+TE here (the reason is printed)."""
-  p = argparse.ArgumentParser(prog="maxtext-nvfp4 verify-hardware", description=__doc__.split("\n\n")[0])
+  """Exit 0: all checks pass; 1: a check failed; 2: a bad argument, or no Blackwell+TE here (one line)."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+
+  p = cli.ArgumentParser(prog="maxtext-nvfp4 verify-hardware", description=__doc__.split("\n\n")[0])
   p.add_argument("--json", action="store_true", help="print one JSON object")
   p.add_argument("--m", type=int, default=256, help="tokens (multiple of 64 for RHT)")
   p.add_argument("--k", type=int, default=512, help="input features (multiple of 128)")
@@ -46,17 +55,17 @@ def cli_main(argv: list[str]) -> int:
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--sr-draws", type=int, default=8, help="stochastic-rounding samples")
   a = p.parse_args(argv)
-  try:
-    choice = capability.choose_backend("te")
-  except capability.BackendError as e:
-    if a.json:
-      print(json.dumps({"ran": False, "reason": str(e)}))
-    else:
-      print(f"verify-hardware cannot run here: {e}", file=sys.stderr)
-    return 2
-  for name, v, mult in (("m", a.m, 64), ("k", a.k, 128), ("n", a.n, 128)):
+  for name, v, mult in (("m", a.m, 64), ("k", a.k, 128), ("n", a.n, 128), ("sr-draws", a.sr_draws, 1)):
     if v <= 0 or v % mult:
-      p.error(f"--{name}={v} must be a positive multiple of {mult} (TE's RHT/GEMM kernels need it)")
+      p.error(f"--{name}={v} must be a positive multiple of {mult}" + (" (TE's RHT/GEMM kernels need it)" if mult > 1 else ""))
+  choice = capability.choose_backend("auto")
+  if choice.name != "te":
+    reason = not_here_reason(choice)
+    if a.json:
+      print(json.dumps({"ran": False, "reason": reason}))
+    else:
+      print(reason, file=sys.stderr)
+    return 2
   results = run_checks(a.m, a.k, a.n, a.seed, a.sr_draws)
   ok = all(r["passed"] for r in results)
   if a.json:
