@@ -1,6 +1,7 @@
 """The MaxText 0.2.5 patch series and ``maxtext-nvfp4 patch`` (apply / --check / --revert).
 
-Never touches the installed MaxText: every write test works on a copy of the package in tmp_path.
+Never touches the installed MaxText: every write test works on a copy of the package in tmp_path. The
+series generator (scripts/make_patch_series.py) is loaded from its file.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,19 @@ INSTALLED = Path(importlib.util.find_spec("maxtext").submodule_search_locations[
 PY = sys.executable
 
 
+def _load_generator():
+  spec = importlib.util.spec_from_file_location("make_patch_series", REPO / "scripts" / "make_patch_series.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
 # ------------------------------------------------------------------------------------------------
 # helpers
 
 
 def _tree_hashes(root: Path) -> dict[str, tuple[str, int]]:
-  """{relative path: (sha256, mode)} of every file and dir under root (backup dir included)."""
+  """{relative path: (sha256, mode)} of every file and dir under root."""
   out = {}
   for dirpath, dirnames, filenames in os.walk(root):
     for name in dirnames:
@@ -51,7 +60,7 @@ def _tree_hashes(root: Path) -> dict[str, tuple[str, int]]:
 def pkg(tmp_path) -> Path:
   """A pristine copy of the installed maxtext package (no __pycache__), as <tmp>/site/maxtext."""
   dst = tmp_path / "site" / "maxtext"
-  shutil.copytree(INSTALLED, dst, ignore=shutil.ignore_patterns("__pycache__", patching.BACKUP_DIR + "*"))
+  shutil.copytree(INSTALLED, dst, ignore=shutil.ignore_patterns("__pycache__"))
   assert patching.maxtext_version(dst) == "0.2.5"
   return dst
 
@@ -161,15 +170,14 @@ def test_quantizations_hunk_is_one_call_into_the_plugin(series):
 
 
 def test_committed_series_matches_a_regeneration_from_settings(tmp_path, series):
-  """The committed patches are what build_series renders from pristine MaxText + settings.py now."""
+  """The committed patches are what scripts/make_patch_series.py renders from pristine MaxText + settings.py now."""
   if shutil.which("git") is None:
     pytest.skip("git not installed")
-  out = patching.build_series(INSTALLED, tmp_path / "gen")
+  out = _load_generator().build_series(INSTALLED, tmp_path / "gen")
   regenerated = [patching.parse_patch(p.read_text(encoding="utf-8"), p.name) for p in sorted(out)]
-  assert regenerated == series, (
-      "patches/maxtext-0.2.5 is stale: run `python -m maxtext_nvfp4.tools.patching --write-series"
-      " <pristine maxtext pkg dir> patches/maxtext-0.2.5`"
-  )
+  assert regenerated == series, "patches/maxtext-0.2.5 is stale: run `.venv/bin/python scripts/make_patch_series.py`"
+  for p in sorted(out):  # byte for byte, commit headers included (a fixed author and date)
+    assert p.read_bytes() == (SERIES_DIR / p.name).read_bytes(), p.name
 
 
 def test_git_apply_agrees_with_our_hunk_application(tmp_path, pkg):
@@ -184,8 +192,13 @@ def test_git_apply_agrees_with_our_hunk_application(tmp_path, pkg):
   assert patching.apply(pkg, log=lambda *_: None) == "applied"
   for rel in ("configs/types.py", "configs/base.yml", "layers/quantizations.py", "train.py"):
     assert (checkout / "src" / "maxtext" / rel).read_bytes() == (pkg / rel).read_bytes(), rel
-  # A checkout (holding src/maxtext) is a valid --target; git-applied trees read as applied.
+  # A checkout (holding src/maxtext) is a valid --target; git-applied trees read as applied, and revert
+  # (exact reverse application) gives back the pristine bytes.
   assert patching.status(checkout)["state"] == patching.APPLIED
+  assert patching.revert(checkout, log=lambda *_: None) == "reverted"
+  assert not (checkout / "src" / "maxtext" / "train.py").exists()
+  for rel in ("configs/types.py", "configs/base.yml", "layers/quantizations.py"):
+    assert (checkout / "src" / "maxtext" / rel).read_bytes() == (INSTALLED / rel).read_bytes(), rel
 
 
 # ------------------------------------------------------------------------------------------------
@@ -201,12 +214,11 @@ def test_apply_check_idempotent_and_revert_byte_identical(pkg, capsys):
   assert rc == 0 and "applied 3 patches" in out
   assert (pkg / "train.py").is_file() and "nvfp4_backend" in (pkg / "configs/base.yml").read_text()
   st = patching.status(pkg)
-  assert st["state"] == patching.APPLIED and st["backup"] and st["maxtext_version"] == "0.2.5"
+  assert st["state"] == patching.APPLIED and st["maxtext_version"] == "0.2.5"
   rc, out = _patch(["--check", "--target", str(pkg)], capsys)
   assert rc == 0 and out.startswith("applied")
   changed = {k for k, v in _tree_hashes(pkg).items() if before.get(k) != v}
-  assert {k for k in changed if not k.startswith(patching.BACKUP_DIR)} == {
-      "configs/types.py", "configs/base.yml", "layers/quantizations.py", "train.py"}
+  assert changed == {"configs/types.py", "configs/base.yml", "layers/quantizations.py", "train.py"}
 
   patched = _tree_hashes(pkg)
   rc, out = _patch(["--target", str(pkg)], capsys)
@@ -215,19 +227,11 @@ def test_apply_check_idempotent_and_revert_byte_identical(pkg, capsys):
 
   rc, out = _patch(["--revert", "--target", str(pkg)], capsys)
   assert rc == 0 and "reverted" in out
-  assert _tree_hashes(pkg) == before  # content and mode of every file; train.py and the backup are gone
+  assert _tree_hashes(pkg) == before  # content and mode of every file; train.py is gone
   assert _patch(["--check", "--target", str(pkg)], capsys)[0] == 1
   rc, out = _patch(["--revert", "--target", str(pkg)], capsys)
   assert rc == 0 and "not applied" in out
   assert _tree_hashes(pkg) == before
-
-
-def test_revert_without_backup_reverse_applies_exactly(pkg):
-  before = _tree_hashes(pkg)
-  patching.apply(pkg, log=lambda *_: None)
-  shutil.rmtree(pkg / patching.BACKUP_DIR)  # e.g. the series was applied with `git am` / `git apply`
-  assert patching.revert(pkg, log=lambda *_: None) == "reverted"
-  assert {k: v[0] for k, v in _tree_hashes(pkg).items()} == {k: v[0] for k, v in before.items()}
 
 
 def test_wrong_version_is_refused_with_nothing_changed(pkg, capsys):
@@ -277,7 +281,8 @@ def test_edited_after_patching_revert_is_refused(pkg, capsys):
   (pkg / "train.py").write_text((pkg / "train.py").read_text() + "# local edit\n")
   before = _tree_hashes(pkg)
   rc, out = _patch(["--revert", "--target", str(pkg)], capsys)
-  assert rc == 2 and "train.py" in out and "changed after patching" in out
+  assert rc == 2 and "train.py" in out and "locally modified" in out and "nothing changed" in out
+  assert len(out.strip().splitlines()) == 1
   assert _tree_hashes(pkg) == before
 
 
@@ -360,6 +365,36 @@ def test_parser_handles_no_newline_at_eof_and_signature_lines(tmp_path):
   assert patching._apply_hunks("a\nb", fp, reverse=True) == "a\n- "  # pylint: disable=protected-access
 
 
+def test_generated_train_py_creates_the_metrics_folder(tmp_path, series, monkeypatch):
+  """maxtext/train.py (patch 0003) makes the folder of metrics_file once MaxText's initialize has read the
+  config (issue: `metrics_file=new_dir/m.jsonl` trained, then died with FileNotFoundError). Loaded with
+  a fake maxtext.trainers.pre_train.train, so nothing heavy is imported."""
+  (fp,) = series[2].files
+  source = patching._apply_hunks(None, fp, reverse=False)  # pylint: disable=protected-access
+  calls = []
+  metrics = tmp_path / "new_dir" / "sub" / "m.jsonl"
+  fake = types.ModuleType("maxtext.trainers.pre_train.train")
+  fake.initialize = lambda argv: (types.SimpleNamespace(metrics_file=str(metrics)), "recorder")
+
+  def fake_main(argv):  # MaxText's train.main: reads the config through the module-level initialize
+    config, _ = fake.initialize(argv)
+    calls.append((argv, os.path.isdir(os.path.dirname(config.metrics_file))))
+
+  fake.main = fake_main
+  parent = types.ModuleType("maxtext.trainers.pre_train")
+  parent.train = fake
+  for name, mod in (("maxtext", types.ModuleType("maxtext")), ("maxtext.trainers", types.ModuleType("maxtext.trainers")),
+                    ("maxtext.trainers.pre_train", parent), ("maxtext.trainers.pre_train.train", fake)):
+    monkeypatch.setitem(sys.modules, name, mod)
+  module = types.ModuleType("patched_maxtext_train")
+  exec(compile(source, "maxtext/train.py", "exec"), module.__dict__)  # pylint: disable=exec-used
+  module.main(["train", "cfg.yml"])
+  assert calls == [(["train", "cfg.yml"], True)]
+  for no_folder in ("", "m.jsonl", "gs://bucket/run/m.jsonl"):
+    module.ensure_metrics_dir(no_folder)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["new_dir"] and not os.path.exists("gs:")
+
+
 # ------------------------------------------------------------------------------------------------
 # end to end: patched MaxText vs plugin mode
 
@@ -414,7 +449,7 @@ def test_patched_maxtext_train_matches_plugin_mode(pkg, tmp_path):
       ("patched", [PY, "-m", "maxtext.train"], str(pkg.parent)),
       ("plugin", plugin_cmd, None),
   ):
-    metrics = tmp_path / f"{mode}.jsonl"
+    metrics = tmp_path / f"{mode}_metrics" / "m.jsonl"  # a folder that does not exist yet
     e = dict(env, **({"PYTHONPATH": pythonpath} if pythonpath else {}))
     r = subprocess.run([*cmd, *args, f"run_name={mode}", f"metrics_file={metrics}"], env=e, cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
