@@ -39,6 +39,9 @@ __all__ = [
     "E2M1",
     "E4M3",
     "E5M2",
+    "F32_ABS_MASK",
+    "F32_EXP_MASK",
+    "F32_MANT_MASK",
     "FLT_MAX",
     "FloatFormat",
     "bits",
@@ -53,6 +56,7 @@ __all__ = [
 ]
 
 FLT_MAX = float(np.finfo(np.float32).max)
+# fp32 bit fields: exponent, mantissa, everything but the sign.
 F32_EXP_MASK = 0x7F800000
 F32_MANT_MASK = 0x007FFFFF
 F32_ABS_MASK = 0x7FFFFFFF
