@@ -219,6 +219,8 @@ def _load_yaml(path: str, *, what: str):
     raise RecipeError(f"{what} {path} cannot be loaded: {_one_line(e)}") from None
   if not OmegaConf.is_dict(cfg):
     raise RecipeError(f"{what} {path} must be a YAML mapping of key: value lines, not a {type(cfg).__name__}")
+  if not cfg:  # MaxText would train on pydantic's defaults alone: almost surely the wrong file
+    raise RecipeError(f"{what} {path} is empty; a recipe starts with base_config: base.yml and sets keys")
   return cfg
 
 
@@ -470,9 +472,11 @@ def _suggestion(config: Any, on_gpu: bool, recipe: str | None = None) -> str:
   """The proxy / emulated recipe matching a config's precision (packaged names), never ``recipe`` itself:
   a recipe that already is the suggestion (``demo_nvfp4.yml nvfp4_backend=te``) is told to emulate."""
   quant = str(_get(config, "quantization", "") or "")
-  if quant == "nvfp4" or "nvfp4" in quant or quant == "te_mxfp8":
-    alt = ("nvfp4_backend=emulate (exact, no FP4 speed-up), or proxy_1gpu_nvfp4.yml on one GPU"
-           if on_gpu else "demo_nvfp4.yml on CPU (exact emulation)")
+  if quant == "nvfp4":
+    alt = ("nvfp4_backend=emulate (exact, no FP4 speed-up), or proxy_1gpu_nvfp4.yml on one GPU" if on_gpu
+           else "nvfp4_backend=emulate (the exact emulation), or demo_nvfp4.yml for a CPU-sized model")
+  elif "nvfp4" in quant or quant == "te_mxfp8":
+    alt = "proxy_1gpu_nvfp4.yml on one GPU" if on_gpu else "demo_nvfp4.yml on CPU (exact emulation)"
   elif quant.startswith("te_fp8"):
     alt = "proxy_1gpu_fp8.yml (XLA FP8, no Transformer Engine)" if on_gpu else "demo_bf16.yml on CPU"
   else:
