@@ -16,6 +16,7 @@ GB/s = M * N * bytes(dtype) / best time (input bytes only; the copy also writes 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -24,7 +25,10 @@ import time
 import jax
 import jax.numpy as jnp
 
-from maxtext_nvfp4.core import nvfp4 as nv
+# Allow `python benchmarks/quantize_bench.py` from a checkout without installing the package.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from maxtext_nvfp4.core import nvfp4 as nv  # pylint: disable=wrong-import-position
 
 MODES = {
     "copy": lambda x: -x,
