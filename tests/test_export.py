@@ -262,3 +262,63 @@ def test_unsupported_model_is_one_line_and_exit_2(exported, tmp_path, capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert rc == 2 and len(err) == 1 and "unsupported model" in err[0] and "fused_qkv" in err[0], err
   assert not os.path.exists(tmp_path / "o")
+
+
+# ---- eval-quantized ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def evaluated(exported):
+  from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  out = exported["out"]
+  path = os.path.join(out, "eval.json")
+  assert eval_quantized.cli_main([os.path.join(out, "run", "checkpoints"), "--eval-batches", "2", "--json", path,
+                                  *_overrides(out)]) == 0
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  # MaxText's own eval loss of the checkpoint on the same batches: its forward (bf16 compute, as the run
+  # trained) and its loss (cross-entropy over targets_segmentation != 0, summed / token count).
+  config = checkpoint.load_config(_overrides(out, quantization=""))
+  params = exported["trained"]
+  tree: dict = {}
+  for key, value in params.items():
+    d = tree
+    *parents, leaf = key.split("-")
+    for part in parents:
+      d = d.setdefault(part, {})
+    d[leaf] = value
+  total, count = 0.0, 0.0
+  for b in checkpoint.eval_batches(config, 2):
+    logits = checkpoint.maxtext_logits(config, tree, b["inputs"], b["inputs_position"], b["inputs_segmentation"])
+    s, n = serving.token_losses(logits, b["targets"], b["targets_segmentation"])
+    total, count = total + float(s), count + float(n)
+  return {"result": result, "maxtext_loss": total / count, "maxtext_tokens": count}
+
+
+def test_eval_quantized_bf16_mode_is_maxtexts_eval_loss(evaluated):
+  r = evaluated["result"]
+  assert r["tokens"] == evaluated["maxtext_tokens"] > 0
+  # bf16 GEMM operands here (fp32 elsewhere) vs MaxText's bf16 activations everywhere: equal to bf16
+  # tolerance (2**-8 = 0.4% per value; measured 0.24% of the loss). A wrong name, layout or norm moves
+  # the loss by tens of percent (the untrained model's loss is ~ln(256) = 5.5).
+  assert abs(r["losses"]["bf16"] - evaluated["maxtext_loss"]) < 1e-2 * evaluated["maxtext_loss"], (r, evaluated)
+
+
+def test_eval_quantized_low_precision_modes_differ_and_are_finite(evaluated):
+  losses = evaluated["result"]["losses"]
+  assert set(losses) == {"bf16", "nvfp4-w4a16", "nvfp4-w4a4", "fp8"}
+  assert all(np.isfinite(v) for v in losses.values())
+  for mode in ("nvfp4-w4a16", "nvfp4-w4a4", "fp8"):
+    assert losses[mode] != losses["bf16"], mode
+  # quantizing the activations too changes the loss again
+  assert losses["nvfp4-w4a4"] != losses["nvfp4-w4a16"]
+  assert evaluated["result"]["served_linears"] == 7 * (NL - 1)  # the kept last layer is not served in NVFP4
+
+
+def test_eval_quantized_bad_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  assert eval_quantized.cli_main([str(tmp_path / "missing")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("maxtext-nvfp4 eval-quantized: error:") and "missing" in err[0]

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4
 
 GROUP_SIZE = nvfp4.BLOCK  # 16: ModelOpt's group_size / vLLM's NVFP4 group size
@@ -47,18 +48,22 @@ class ServingLinear:
   weight_scale_2: np.ndarray
 
 
+def _quantize_rows(weights):
+  """TE's 1x16 NVFP4 of the row concatenation of ``weights`` and the row offsets splitting it back."""
+  t = nvfp4.quantize(jnp.asarray(np.concatenate([np.asarray(w, np.float32) for w in weights], axis=0)), axis=-1)
+  return t, np.cumsum([w.shape[0] for w in weights])[:-1]
+
+
 def quantize_linears(weights: list[np.ndarray]) -> list[ServingLinear]:
   """ModelOpt NVFP4 tensors of HF-layout ``[out, in]`` weights that share one global scale.
 
   One weight: TE's 1x16 NVFP4 of it. Several (a fused group): TE's NVFP4 of their row concatenation,
   split back (exact: blocks never cross rows). Raises ValueError when ``in`` is not a multiple of 16.
   """
-  rows = [w.shape[0] for w in weights]
-  t = nvfp4.quantize(jnp.asarray(np.concatenate([np.asarray(w, np.float32) for w in weights], axis=0)), axis=-1)
+  t, cuts = _quantize_rows(weights)
   packed = np.asarray(nvfp4.pack(t.data))
   scale = np.asarray(t.scale)
   ws2 = np.asarray(nvfp4.global_decode_scale(t), np.float32)
-  cuts = np.cumsum(rows)[:-1]
   return [ServingLinear(weight=p, weight_scale=s, weight_scale_2=ws2)
           for p, s in zip(np.split(packed, cuts), np.split(scale, cuts))]
 
@@ -66,6 +71,79 @@ def quantize_linears(weights: list[np.ndarray]) -> list[ServingLinear]:
 def input_scale(amax) -> np.ndarray:
   """ModelOpt's activation global scale ``amax / (6 * 448)`` (fp32; vLLM quantizes with its inverse)."""
   return np.asarray(np.float32(amax) / np.float32(nvfp4.GLOBAL_DENOM), np.float32)
+
+
+def linear_units(names: list[str]) -> list[list[str]]:
+  """HF linear names grouped into what engines run as one GEMM (fused groups), in first-seen order."""
+  units, seen = [], set()
+  for name in names:
+    if name in seen:
+      continue
+    prefix, leaf = name.rsplit(".", 1)
+    group = next((g for g in FUSED_GROUPS if leaf in g), (leaf,))
+    unit = [f"{prefix}.{g}" for g in group]
+    seen.update(unit)
+    units.append(unit)
+  return units
+
+
+# ----------------------------------------------------------------------------------------------
+# Serving modes: what a linear's GEMM sees (forward only)
+# ----------------------------------------------------------------------------------------------
+# mode -> (weights, activations):
+#   bf16         bf16 weights, bf16 activations
+#   nvfp4-w4a16  NVFP4 weights (1x16 along the input dim, fused groups share the global scale), bf16 acts
+#   nvfp4-w4a4   NVFP4 weights as above; activations NVFP4 per token on the fly (each token row its own
+#                global scale from its amax, 1x16 E4M3 block scales along K)
+#   fp8          FP8 E4M3 per-tensor current scaling for weights (per fused group) and activations
+SERVING_MODES = ("bf16", "nvfp4-w4a16", "nvfp4-w4a4", "fp8")
+
+
+def _bf16(x):
+  return jnp.asarray(x, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32)
+
+
+def served_weights(tensors: dict, names: list[str], mode: str) -> dict:
+  """``tensors`` with the weights of ``names`` replaced (fp32) by what the GEMM multiplies in ``mode``."""
+  out = dict(tensors)
+  for unit in linear_units(names):
+    ws = [np.asarray(tensors[n + ".weight"], np.float32) for n in unit]
+    if mode == "bf16":
+      vals = [np.asarray(_bf16(w)) for w in ws]
+    elif mode in ("nvfp4-w4a16", "nvfp4-w4a4"):  # exactly what the export decodes to
+      t, cuts = _quantize_rows(ws)
+      vals = np.split(np.asarray(nvfp4.dequantize(t)), cuts)
+    elif mode == "fp8":
+      deq = np.asarray(fp8.dequantize(fp8.quantize(jnp.asarray(np.concatenate(ws, axis=0)), "e4m3")))
+      vals = np.split(deq, np.cumsum([w.shape[0] for w in ws])[:-1])
+    else:
+      raise ValueError(f"unknown serving mode {mode!r}; choose one of {', '.join(SERVING_MODES)}")
+    out.update({n + ".weight": v for n, v in zip(unit, vals)})
+  return out
+
+
+def served_activations(mode: str):
+  """``x -> x as the GEMM sees it`` (fp32 values) for ``mode``."""
+  if mode in ("bf16", "nvfp4-w4a16"):
+    return _bf16
+  if mode == "nvfp4-w4a4":
+    def per_token(x):
+      rows = x.reshape(-1, x.shape[-1])
+      deq = jax.vmap(lambda r: nvfp4.dequantize(nvfp4.quantize(r[None], axis=-1))[0])(rows)
+      return deq.reshape(x.shape)
+    return per_token
+  if mode == "fp8":
+    return lambda x: fp8.dequantize(fp8.quantize(x, "e4m3"))
+  raise ValueError(f"unknown serving mode {mode!r}; choose one of {', '.join(SERVING_MODES)}")
+
+
+def token_losses(logits, targets, mask):
+  """``(sum of next-token cross-entropy over mask, number of masked tokens)``: MaxText's eval loss is
+  their ratio (``targets_segmentation != 0`` as the mask)."""
+  logp = jax.nn.log_softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+  nll = -jnp.take_along_axis(logp, jnp.asarray(targets)[..., None], axis=-1)[..., 0]
+  m = (jnp.asarray(mask) != 0).astype(jnp.float32)
+  return jnp.sum(nll * m), jnp.sum(m)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,12 +179,14 @@ def _rope(x, positions, theta):
   return x * jnp.cos(emb) + jnp.concatenate([-x2, x1], axis=-1) * jnp.sin(emb)
 
 
-def llama_forward(weights: dict, shape: LlamaShape, tokens, positions=None, segment_ids=None):
+def llama_forward(weights: dict, shape: LlamaShape, tokens, positions=None, segment_ids=None, act=None,
+                  served: frozenset = frozenset()):
   """``(logits [B, T, V], {linear name: amax of its input})`` of an HF-layout Llama in fp32.
 
   ``weights``: HF state-dict names -> ``[out, in]`` arrays (``lm_head.weight`` absent = tied embeddings).
   ``segment_ids``: packed sequences attend within their segment only (0 = padding); None = one segment.
   The amax dict is what a calibration pass records (every linear's input, fused groups separately).
+  ``act``: applied to the inputs of the linears named in ``served`` (see :func:`served_activations`).
   """
   w = {k: jnp.asarray(v, jnp.float32) for k, v in weights.items()}
   tokens = jnp.asarray(tokens)
@@ -118,7 +198,7 @@ def llama_forward(weights: dict, shape: LlamaShape, tokens, positions=None, segm
 
   def linear(name, x):
     amax[name] = jnp.max(jnp.abs(x))
-    return x @ w[name + ".weight"].T
+    return (act(x) if act is not None and name in served else x) @ w[name + ".weight"].T
 
   h = w["model.embed_tokens.weight"][tokens]
   nh, nkv, hd = shape.num_heads, shape.num_kv_heads, shape.head_dim

@@ -226,7 +226,8 @@ def to_hf(items_dir: str, config) -> HfModel:
 
 def eval_batches(config, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
   """Up to ``num_batches`` batches of the run's eval data (MaxText's own input pipeline; its train data
-  when the config has no eval split), as numpy ``inputs`` / ``inputs_position`` / ``inputs_segmentation``."""
+  when the config has no eval split), as numpy ``inputs`` / ``inputs_position`` / ``inputs_segmentation`` /
+  ``targets`` / ``targets_segmentation``."""
   create_data_iterator = _maxtext("maxtext.input_pipeline.input_pipeline_interface").create_data_iterator
   from maxtext.utils import maxtext_utils  # pylint: disable=import-outside-toplevel
 
@@ -242,12 +243,14 @@ def eval_batches(config, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
       batch = next(it)
     except StopIteration:
       return
-    yield {k: np.asarray(batch[k]) for k in ("inputs", "inputs_position", "inputs_segmentation")}
+    yield {k: np.asarray(batch[k]) for k in ("inputs", "inputs_position", "inputs_segmentation", "targets",
+                                             "targets_segmentation")}
 
 
-def maxtext_logits(config, params_tree: dict, tokens: np.ndarray) -> np.ndarray:
+def maxtext_logits(config, params_tree: dict, tokens: np.ndarray, positions=None, segment_ids=None) -> np.ndarray:
   """MaxText's own forward (Linen wrapper of its model, dropout off) of ``tokens`` with ``params_tree``
-  (``{"params": {...}}`` as in the checkpoint): ``[B, T, vocab]`` logits as numpy fp32."""
+  (``{"params": {...}}`` as in the checkpoint): ``[B, T, vocab]`` logits as numpy fp32. Positions default
+  to ``arange``, segment ids to one segment."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils  # pylint: disable=import-outside-toplevel
 
@@ -255,8 +258,9 @@ def maxtext_logits(config, params_tree: dict, tokens: np.ndarray) -> np.ndarray:
   mesh = maxtext_utils.get_mesh_from_config(config)
   model = model_creation_utils.from_config(config, mesh=mesh)
   tokens = jnp.asarray(tokens, jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+  positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) if positions is None else positions
+  segment_ids = jnp.ones_like(tokens) if segment_ids is None else segment_ids
   with mesh:
-    logits = model.apply(params_tree, tokens, positions, decoder_segment_ids=jnp.ones_like(tokens),
+    logits = model.apply(params_tree, tokens, jnp.asarray(positions), decoder_segment_ids=jnp.asarray(segment_ids),
                          enable_dropout=False)
   return np.asarray(logits, np.float32)

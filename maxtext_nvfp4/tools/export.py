@@ -98,15 +98,7 @@ def export_tensors(model, names: list[str], amax: dict[str, float], progress) ->
 
   quantized = set(names)
   out = {k: v.astype(ml_dtypes.bfloat16) for k, v in model.tensors.items() if k[: -len(".weight")] not in quantized}
-  units, seen = [], set()
-  for name in names:  # fused groups share one global weight scale and one input scale
-    if name in seen:
-      continue
-    prefix, leaf = name.rsplit(".", 1)
-    group = next((g for g in serving.FUSED_GROUPS if leaf in g), (leaf,))
-    unit = [f"{prefix}.{g}" for g in group]
-    seen.update(unit)
-    units.append(unit)
+  units = serving.linear_units(names)  # fused groups share one global weight scale and one input scale
   for unit in progress(units, desc="quantize", unit="linear"):
     lins = serving.quantize_linears([model.tensors[n + ".weight"] for n in unit])
     scale_in = serving.input_scale(max(amax[n] for n in unit))
