@@ -94,7 +94,9 @@ if [ "$ACTION" = budget ]; then
   [ "$MODE" = cpu ] && tot_e=-
   printf "%-6s %8s %11s  %s\n" total "$PLANNED" "$tot_e" "budget ${BUDGET_S} s (BUDGET_S); summary and packing add ~5 s"
   [ "$MODE" = cpu ] && { echo "(--cpu runs every stage at tiny sizes: the 'what' column names the GPU sizes)"; exit 0; }
-  echo "device call: run(command=\"bash benchmarks/gpu/run.sh\", timeout_s=$((BUDGET_S + 60)), carry=[\".whl\", \".stub\", \".golden\"])"
+  commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
+  echo "device call: run(command=\"BENCH_COMMIT=$commit bash benchmarks/gpu/run.sh\", timeout_s=$((BUDGET_S + 60)), carry=[\".whl\", \".stub\", \".golden\"])"
+  echo "(the device's copy of the tree may lack .git: BENCH_COMMIT records which commit ran)"
   exit 0
 fi
 
@@ -185,7 +187,7 @@ fi
 # env: what ran where; a GPU run on a machine without a GPU stops here (H200 sizes on CPU take hours).
 stage env "
   date -u +'date: %Y-%m-%dT%H:%M:%SZ'
-  echo \"git: \$(git rev-parse --short HEAD 2>/dev/null || echo unknown)\$(git diff --quiet 2>/dev/null || echo ' (dirty)')\"
+  echo \"commit: \${BENCH_COMMIT:-\$(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no .git here; pass BENCH_COMMIT)')}\"
   echo \"mode: $MODE  budget: ${BUDGET_S} s  stages: $STAGES  cache: $CACHE\"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'nvidia-smi: n/a'
   lscpu 2>/dev/null | grep -m1 'Model name' || true
