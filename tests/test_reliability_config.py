@@ -121,3 +121,14 @@ def test_cli_exits_2_with_the_one_line_before_compiling(cli_runs, case):
   # Fast: the time is Python imports and MaxText's config schema; nothing is built or compiled. Generous
   # bound for a loaded 2-core machine (a tiny run that does compile takes minutes there).
   assert r["seconds"] < 60, r["seconds"]
+
+
+@pytest.mark.parametrize("key, close", [("nvfp4_keep_frist_layers", "nvfp4_keep_first_layers"),
+                                        ("learning_rat", "learning_rate")])
+def test_unknown_key_inside_maxtext_is_one_short_line_with_did_you_mean(key, close):
+  # MaxText's own message lists every field (~21,000 characters on one line); the plugin shortens it.
+  with pytest.raises(ValueError) as info:
+    pyconfig.initialize(tiny_argv(quantization="nvfp4", **{key: 1}))
+  msg = str(info.value)
+  assert "\n" not in msg and len(msg) < 300, msg[:500]
+  assert f"unknown config key {key!r}" in msg and f"did you mean {close!r}" in msg

@@ -90,3 +90,18 @@ def test_version_and_recipe_list(capsys):
   assert train.cli_main(["--list"]) == 0
   out = capsys.readouterr().out
   assert all(f"{n} " in out for n in ("demo_nvfp4", "llama3_8b_nvfp4", "proxy_1gpu_fp8")) and "_base" not in out
+
+
+def test_start_up_lines_reach_the_console_once(capsys, caplog):
+  """The backend line and the GEMM table: printed once to stdout, no INFO record (MaxText's absl handler
+  would print that to the console a second time)."""
+  import logging  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel
+
+  text = "maxtext-nvfp4: test line for _log_once"
+  with caplog.at_level(logging.INFO):
+    quantization._log_once(text)  # pylint: disable=protected-access
+    quantization._log_once(text)  # pylint: disable=protected-access
+  assert capsys.readouterr().out.count(text) == 1
+  assert not [r for r in caplog.records if text in r.getMessage()]
