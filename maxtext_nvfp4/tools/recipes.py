@@ -429,7 +429,7 @@ def missing_data_error(values: Mapping[str, Any]) -> str | None:
         continue
       if pattern.startswith("data/embedded/"):
         fix = ("build the demo data here first with `maxtext-nvfp4 prepare-data` (writes data/embedded/ in the"
-               " current directory, about a minute on CPU), or run from the directory that holds data/")
+               " current directory), or run from the directory that holds data/")
       else:
         fix = f"check the path or set {key}=... to your files"
       return f"{key}={pattern} matches no file (relative to {os.getcwd()}); {fix}"
