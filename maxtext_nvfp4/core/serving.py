@@ -105,6 +105,8 @@ def _bf16(x):
 
 def served_weights(tensors: dict, names: list[str], mode: str) -> dict:
   """``tensors`` with the weights of ``names`` replaced (fp32) by what the GEMM multiplies in ``mode``."""
+  if mode not in SERVING_MODES:
+    raise ValueError(f"unknown serving mode {mode!r}; choose one of {', '.join(SERVING_MODES)}")
   out = dict(tensors)
   for unit in linear_units(names):
     ws = [np.asarray(tensors[n + ".weight"], np.float32) for n in unit]
@@ -116,8 +118,6 @@ def served_weights(tensors: dict, names: list[str], mode: str) -> dict:
     elif mode == "fp8":
       deq = np.asarray(fp8.dequantize(fp8.quantize(jnp.asarray(np.concatenate(ws, axis=0)), "e4m3")))
       vals = np.split(deq, np.cumsum([w.shape[0] for w in ws])[:-1])
-    else:
-      raise ValueError(f"unknown serving mode {mode!r}; choose one of {', '.join(SERVING_MODES)}")
     out.update({n + ".weight": v for n, v in zip(unit, vals)})
   return out
 
