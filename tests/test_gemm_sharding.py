@@ -1,7 +1,8 @@
-"""The emulated GEMM under FSDP x TP sharding (8 host devices) is bit-identical to one device.
+"""The emulated GEMM under FSDP x TP sharding (8 host devices), for both values of nvfp4_amax_scope.
 
-Runs in a subprocess because the host device count must be set before JAX initializes. The amax of
-every quantized operand must be the global one (a per-shard amax would change scales and outputs).
+Runs in subprocesses because the host device count must be set before JAX initializes.
+``global`` (no amax groups): bit-identical to one device, the amax of every operand is the tensor's.
+``te`` (TE's scopes, core/amax_scope.py): bit-identical to an independent per-shard reference.
 """
 
 import json
@@ -87,3 +88,146 @@ def test_fsdp_tp_sharded_gemm_is_bit_identical_to_single_device():
     assert all(res["finite"]) and len(res["mismatches"]) == 7  # 3 outputs + 4 gradients
     assert res["mismatches"] == [0] * 7, res
   assert results[0]["per_shard_differs"]  # the check can see a per-shard amax
+
+
+# ---------------------------------------------------------------------------------------------------
+# nvfp4_amax_scope=te: TE's per-device / per-TP-shard amaxes, against an independent per-shard reference.
+# ---------------------------------------------------------------------------------------------------
+_TE_SCOPE_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from maxtext_nvfp4.core import amax_scope, gemm
+    from maxtext_nvfp4.core import nvfp4 as nv
+
+    assert jax.device_count() == 8, jax.devices()
+    recipe = gemm.GemmRecipe(stochastic_rounding=False)  # the RNE path: bit-checkable
+    b, s, e, f, h, d = 8, 32, 64, 128, 4, 32
+    F32 = jnp.float32
+
+    def blocks(a, gr, gc):
+      r, c = a.shape
+      return {(i, j): a[i * r // gr:(i + 1) * r // gr, j * c // gc:(j + 1) * c // gc] for i in range(gr) for j in range(gc)}
+
+    def ref_product(A, ga, B, gb, shape, out_dtype):
+      # A[(i, c)] = (values, amax) of a's block; B[(c, j)] likewise: each block quantized ALONE. The product of
+      # rows i and columns j sums, over contraction groups, bf16(acc * alpha) partials in group order.
+      (m, k), n = shape, None
+      gm, gka = ga
+      gkb, gn = gb
+      n = sum(B[(0, j)][0].shape[1] for j in range(gn))
+      gk = max(gka, gkb)
+      out = np.zeros((m, n), np.float32)
+      for i in range(gm):
+        for j in range(gn):
+          total = None
+          for g in range(gk):
+            ca, cb = g * gka // gk, g * gkb // gk
+            (av, aam), (bv, bam) = A[(i, ca)], B[(cb, j)]
+            wa, wb = k // gka, k // gkb
+            k0, k1 = g * k // gk, (g + 1) * k // gk
+            acc = jnp.dot(av[:, k0 - ca * wa:k1 - ca * wa], bv[k0 - cb * wb:k1 - cb * wb], preferred_element_type=F32)
+            p = (acc * gemm.gemm_alpha(aam, bam)).astype(out_dtype)
+            total = p if total is None else (total + p).astype(out_dtype)
+          rm, cn = m // gm, n // gn
+          out[i * rm:(i + 1) * rm, j * cn:(j + 1) * cn] = np.asarray(total.astype(F32))
+      return out
+
+    def qv(a, **kw):
+      return nv.quantize_values(a, **kw)
+
+    def qt(a, **kw):
+      t = nv.quantize(a, **kw)
+      return nv.block_values(t), t.amax
+
+    def reference(x2, w2, dy2, G):
+      # fprop: x blocks 1x16 along K; W blocks 16x16 (2D), each block alone.
+      X = {key: qv(v, axis=1) for key, v in blocks(x2, G.tokens, G.x_k).items()}
+      W = {key: qt(v, block_2d=True) for key, v in blocks(w2, G.w_k, G.w_n).items()}
+      y = ref_product(X, (G.tokens, G.x_k), W, (G.w_k, G.w_n), x2.shape, jnp.bfloat16)
+      # dgrad: dy blocks 1x16 along N; the same W blocks, transposed.
+      DY = {key: qv(v, axis=1) for key, v in blocks(dy2, G.tokens, G.dy_n).items()}
+      WT = {(j, i): (v.T, a) for (i, j), (v, a) in W.items()}
+      dx = ref_product(DY, (G.tokens, G.dy_n), WT, (G.w_n, G.w_k), dy2.shape, jnp.bfloat16)
+      # wgrad: x and dy blocks 1x16 along tokens with RHT, each block alone; partials over token groups.
+      XT = {(j, i): (v.T, a) for (i, j), (v, a) in {key: qt(v, axis=0, rht=True)
+                                                    for key, v in blocks(x2, G.tokens, G.x_k).items()}.items()}
+      DYT = {key: qv(v, axis=0, rht=True) for key, v in blocks(dy2, G.tokens, G.dy_n).items()}
+      dw = ref_product(XT, (G.x_k, G.tokens), DYT, (G.tokens, G.dy_n), (x2.shape[1], x2.shape[0]), w2.dtype)
+      return y, dx, dw
+
+    def bits(a):
+      return np.asarray(a, np.float32).view(np.uint32)
+
+    # (name, lhs shape, contracting dims of lhs, kernel shape, kernel spec axes, lhs spec, logical sharding)
+    cases = [
+        ("mlp_in", (b, s, e), (f,), lambda m: (P(m["batch"], None, None), P("fsdp", "tp"))),
+        ("mlp_out", (b, s, f), (e,), lambda m: (P(m["batch"], None, "tp"), P("tp", "fsdp"))),
+        ("attn_out", (b, s, h, d), (e,), lambda m: (P(m["batch"], None, None, None), P("tp", None, "fsdp"))),
+    ]
+    results = []
+    for mesh_shape in ({"fsdp": 4, "tp": 2}, {"data": 2, "fsdp": 2, "tp": 2}):
+      names = tuple(mesh_shape)
+      mesh = Mesh(np.array(jax.devices()).reshape(tuple(mesh_shape.values())), names)
+      batch = tuple(n for n in names if n in ("data", "fsdp"))
+      for ci, (name, xshape, nshape, specs) in enumerate(cases):
+        x_spec, w_spec = specs({"batch": batch})
+        kdims = xshape[2:]
+        wshape = kdims + nshape
+        ks = jax.random.split(jax.random.key(ci), 3)
+        # Rows and columns with very different magnitudes: every shard's amax differs.
+        x = (jax.random.normal(ks[0], xshape, F32) * jnp.exp(jax.random.normal(ks[1], xshape[:1] + (1,) * (len(xshape) - 1)))).astype(jnp.bfloat16)
+        w = (jax.random.normal(ks[1], wshape, F32) * jnp.linspace(0.02, 0.3, wshape[-1])).astype(jnp.bfloat16)
+        dy = jax.random.normal(ks[2], xshape[:2] + nshape, jnp.bfloat16)
+        nk = len(kdims)
+        G = amax_scope.amax_groups(mesh={"fsdp": mesh_shape["fsdp"], "tp": mesh_shape["tp"], "data": mesh_shape.get("data", 1)},
+                                   x_rows=[x_spec[0], x_spec[1]], x_k=list(x_spec[2:]), w_k=list(w_spec[:nk]),
+                                   w_n=list(w_spec[nk:]))
+        dn = (tuple(range(2, 2 + nk)), tuple(range(nk))), ((), ())
+
+        def vjp(x, w, dy, groups):
+          fn = lambda x, w: gemm.dot_general(x, w, dn, recipe=recipe, amax_groups=groups)
+          y, back = jax.vjp(fn, x, w)
+          return (y, *back(dy))
+
+        shard = [NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec), NamedSharding(mesh, P(x_spec[0], None, None))]
+        args = [jax.device_put(a, sh) for a, sh in zip((x, w, dy), shard)]
+        te = jax.device_get(jax.jit(lambda x, w, dy: vjp(x, w, dy, G), in_shardings=shard)(*args))
+        te_one = jax.device_get(jax.jit(lambda x, w, dy: vjp(x, w, dy, G))(x, w, dy))
+        glob = jax.device_get(jax.jit(lambda x, w, dy: vjp(x, w, dy, None), in_shardings=shard)(*args))
+        m = b * s
+        ry, rdx, rdw = reference(x.reshape(m, -1), w.reshape(int(np.prod(kdims)), -1), dy.reshape(m, -1), G)
+        want = (ry.reshape(te[0].shape), rdx.reshape(te[1].shape), rdw.reshape(te[2].shape))
+        results.append(dict(
+            mesh=mesh_shape, case=name, groups=amax_scope.describe(G),
+            n_shards=[len(a.addressable_shards) for a in args],
+            mismatch_ref=[int(np.sum(bits(a) != bits(r))) for a, r in zip(te, want)],
+            mismatch_one_device=[int(np.sum(bits(a) != bits(r))) for a, r in zip(te, te_one)],
+            differs_from_global=[bool(np.any(bits(a) != bits(r))) for a, r in zip(te, glob)],
+        ))
+    print("RESULT" + json.dumps(results))
+    """
+)
+
+
+def test_te_amax_scope_equals_per_shard_reference_on_fsdp_tp_meshes():
+  """(fsdp=4, tp=2) and (data=2, fsdp=2, tp=2), MaxText-style shardings of x (B, S, E), W (E, F), W (F, E) and
+  the attention out-projection W (H, D, E): y, dx and dW with TE's scopes are bit-identical to quantizing
+  each shard alone and assembling as TE does (RNE path), the same on one device, and differ from global."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+  env["JAX_PLATFORMS"] = "cpu"
+  proc = subprocess.run([sys.executable, "-c", _TE_SCOPE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  results = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+  assert len(results) == 6
+  groups = {(tuple(r["mesh"]), r["case"]): r["groups"] for r in results}
+  assert groups[(("fsdp", "tp"), "mlp_in")] == "x: 4x1, W: 1x2, dy: 4x2"
+  assert groups[(("fsdp", "tp"), "mlp_out")] == "x: 4x2, W: 2x1, dy: 4x1"
+  assert groups[(("data", "fsdp", "tp"), "attn_out")] == "x: 4x1, W: 2x1, dy: 4x1"
+  for r in results:
+    assert r["n_shards"] == [8, 8, 8], r
+    assert r["mismatch_ref"] == [0, 0, 0], r
+    assert r["mismatch_one_device"] == [0, 0, 0], r
+    assert all(r["differs_from_global"]), r  # the scopes really change the numerics

@@ -21,6 +21,7 @@ NON_DEFAULT = {
     "nvfp4_rht": False,
     "nvfp4_stochastic_rounding": False,
     "nvfp4_2d_weights": False,
+    "nvfp4_amax_scope": "global",
     "nvfp4_keep_first_layers": 1,
     "nvfp4_keep_last_layers": 1,
     "nvfp4_fallback": "fp8",

@@ -71,7 +71,7 @@ from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as numerics
 
-__all__ = ["GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
+__all__ = ["AmaxGroups", "GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
 
 PRECISIONS = settings.PRECISIONS
 _BLOCK = numerics.BLOCK
@@ -119,6 +119,45 @@ class GemmRecipe:
     return (p, self.rht, self.stochastic_rounding)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AmaxGroups:
+  """How many independent amaxes each operand of the 2D GEMM has along each axis (TE's amax scope on a mesh).
+
+  An operand with ``(gr, gc)`` groups is cut into ``gr x gc`` equal contiguous blocks (rows x columns of
+  its 2D view) and each block is quantized alone, with its own amax -- what TE's ``dense`` does on a device
+  that holds that block (``AmaxScope.TPSP`` for x and dy: the device-local amax; ``AmaxScope.FSDP`` for W:
+  the amax over the FSDP shards of one tensor-parallel shard). All 1: one amax per tensor (global scope).
+  Each block's sizes must be multiples of 16 (TE does not pad a shard).
+
+  The GEMM then scales each partial product by its own alpha: for output block (i, j) and contraction
+  group g, ``p_g = cast(acc_g * gemm_alpha(amax_a[i, g], amax_b[g, j]))``, and sums the partials in the
+  output dtype in group order ``((p_0 + p_1) + p_2) + ...`` (TE: each device's GEMM output, then the psum
+  of the sharded contraction in that dtype; with 2 groups the sum is order-free, with more the
+  all-reduce order is XLA's).
+  """
+
+  # x (M, K) and dy (M, N) along tokens: contiguous row blocks (batch shards)
+  tokens: int = 1
+  # x along its contraction K (blocks of the flattened contracting dims)
+  x_k: int = 1
+  # dy along N (blocks of the flattened output features)
+  dy_n: int = 1
+  # W (K, N) along K and along N
+  w_k: int = 1
+  w_n: int = 1
+
+  def __post_init__(self):
+    for f in dataclasses.fields(self):
+      v = getattr(self, f.name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"AmaxGroups.{f.name}={v!r}: need an integer >= 1")
+
+  @property
+  def trivial(self) -> bool:
+    """One amax per tensor: the global scope."""
+    return all(getattr(self, f.name) == 1 for f in dataclasses.fields(self))
+
+
 def sr_keys(key):
   """The (dgrad, wgrad) stochastic-rounding keys derived from ``key``: fold_in 1 and 2."""
   return jax.random.fold_in(key, _DGRAD_KEY_TAG), jax.random.fold_in(key, _WGRAD_KEY_TAG)
@@ -136,6 +175,61 @@ def _pad_to(a, shape):
   if tuple(a.shape) == tuple(shape):
     return a
   return jnp.pad(a, [(0, t - s) for s, t in zip(a.shape, shape)])
+
+
+def _split_groups(a, gr: int, gc: int):
+  """(R, C) -> (gr, gc, R/gr, C/gc): the contiguous blocks of ``a``."""
+  r, c = a.shape
+  if r % gr or c % gc or (r // gr) % _BLOCK or (c // gc) % _BLOCK:
+    raise ValueError(
+        f"amax scope: an operand of shape {tuple(a.shape)} split into {gr} x {gc} shards needs each shard's sizes"
+        f" to be multiples of {_BLOCK} (TE quantizes a shard without padding)"
+    )
+  return a.reshape(gr, r // gr, gc, c // gc).transpose(0, 2, 1, 3)
+
+
+def _merge_groups(a):
+  """Inverse of :func:`_split_groups`: (gr, gc, r, c) -> (gr * r, gc * c)."""
+  gr, gc, r, c = a.shape
+  return a.transpose(0, 2, 1, 3).reshape(gr * r, gc * c)
+
+
+def _quantize_grouped(fn, a, groups: tuple[int, int], key=None):
+  """``fn(block, key)`` on each of the ``groups`` blocks of the 2D ``a`` (vmapped; per-block amax).
+
+  ``groups == (1, 1)``: ``fn(a, key)`` itself. Otherwise every output leaf gets leading (gr, gc) dims and
+  block (i, j) draws its stochastic-rounding bits from ``fold_in(key, i * gc + j)`` (as TE's devices
+  draw from their own rng states).
+  """
+  gr, gc = groups
+  if (gr, gc) == (1, 1):
+    return fn(a, key)
+  parts = _split_groups(a, gr, gc)
+  if key is None:
+    return jax.vmap(jax.vmap(lambda blk: fn(blk, None)))(parts)
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(gr * gc)).reshape((gr, gc) + key.shape)
+  return jax.vmap(jax.vmap(fn))(parts, keys)
+
+
+def _grouped_dot(a, amax_a, b, amax_b, out_dtype):
+  """a (M, K) · b (K, N) with amax grids ``amax_a`` (gm, gka) and ``amax_b`` (gkb, gn) (see AmaxGroups).
+
+  Contraction groups ``g = max(gka, gkb)``: ``p_g = cast(acc_g * gemm_alpha(...))``, summed in ``out_dtype``
+  in group order. With every grid (1, 1) this is ``cast(acc * gemm_alpha(amax_a, amax_b))``.
+  """
+  m, k = a.shape
+  n = b.shape[1]
+  gk = max(amax_a.shape[1], amax_b.shape[0])
+  rows = jnp.repeat(amax_a, m // amax_a.shape[0], 0)  # (m, gka): each row's amax per a-column block
+  cols = jnp.repeat(amax_b, n // amax_b.shape[1], 1)  # (gkb, n)
+  out = None
+  for g in range(gk):
+    k0, k1 = g * k // gk, (g + 1) * k // gk
+    acc = lax.dot_general(a[:, k0:k1], b[k0:k1], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    alpha = gemm_alpha(rows[:, g * amax_a.shape[1] // gk, None], cols[None, g * amax_b.shape[0] // gk, :])
+    part = (acc * alpha).astype(out_dtype)
+    out = part if out is None else (out + part).astype(out_dtype)
+  return out
 
 
 def _scaled_dot(a, b, contract, alpha, out_dtype):
@@ -182,76 +276,109 @@ def gemm_alpha(amax_a, amax_b):
 
 def _gemm_view(q):
   """(``q * s8`` values in bf16, amax) of an operand: an NVFP4Tensor (kept for reuse or as a residual)
-  or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand)."""
+  or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand). A grouped operand
+  (leading (gr, gc) dims, :func:`_quantize_grouped`) gives its merged 2D values and its (gr, gc) amax grid."""
   if isinstance(q, numerics.NVFP4Tensor):
+    if q.data.ndim == 4:
+      return _merge_groups(jax.vmap(jax.vmap(numerics.block_values))(q)), q.amax
     return numerics.block_values(q, jnp.bfloat16), q.amax
-  return q
+  values, amax = q
+  return (_merge_groups(values), amax) if values.ndim == 4 else (values, amax)
 
 
 def _nvfp4_dot(qa, qb, contract, out_dtype):
   (va, amax_a), (vb, amax_b) = _gemm_view(qa), _gemm_view(qb)
-  return _scaled_dot(va, vb, contract, gemm_alpha(amax_a, amax_b), out_dtype)
+  if amax_a.ndim == 0 and amax_b.ndim == 0:
+    return _scaled_dot(va, vb, contract, gemm_alpha(amax_a, amax_b), out_dtype)
+  grid = lambda amax: jnp.reshape(amax, (1, 1)) if amax.ndim == 0 else amax
+  amax_a, amax_b = grid(amax_a), grid(amax_b)
+  if contract[0] == 0:  # wgrad: xᵀ · dy
+    va, amax_a = va.T, amax_a.T
+  if contract[1] == 1:  # dgrad: dy · Wᵀ
+    vb, amax_b = vb.T, amax_b.T
+  return _grouped_dot(va, amax_a, vb, amax_b, out_dtype)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
   return _scaled_dot(qa.values(jnp.bfloat16), qb.values(jnp.bfloat16), contract, qa.scale_inv * qb.scale_inv, out_dtype)
 
 
-def _quantize_weight(w, two_d: bool, contraction_axis: int):
+def _quantize_weight(w, two_d: bool, contraction_axis: int, groups: AmaxGroups | None = None):
   """W (K, N) quantized for fprop (contraction_axis 0) or dgrad (1), zero-padded as the blocks need.
 
   2D: 16x16 tiles over both (padded) axes, identical for both passes. 1D: 1x16 along the contraction.
+  ``groups``: one amax per (w_k x w_n) block (no padding then).
   """
   k, n = w.shape
+  if groups is not None and not groups.trivial:
+    fn = (lambda b, _: numerics.quantize(b, block_2d=True)) if two_d else (
+        lambda b, _: numerics.quantize(b, axis=contraction_axis))
+    return _quantize_grouped(fn, w, (groups.w_k, groups.w_n))
   if two_d:
     return numerics.quantize(_pad_to(w, (_round_up(k), _round_up(n))), block_2d=True)
   shape = (_round_up(k), n) if contraction_axis == 0 else (k, _round_up(n))
   return numerics.quantize(_pad_to(w, shape), axis=contraction_axis)
 
 
-def _quantize_x_for_wgrad(x, rht: bool):
-  """x (M, K) quantized 1x16 along tokens (rows), RHT-rotated when ``rht``; RNE. Tokens zero-padded."""
+def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None):
+  """x (M, K) quantized 1x16 along tokens (rows), RHT-rotated when ``rht``; RNE. Tokens zero-padded
+  (``groups``: one amax per (tokens x x_k) block, no padding)."""
+  if groups is not None and not groups.trivial:
+    return _quantize_grouped(lambda b, _: numerics.quantize(b, axis=0, rht=rht), x, (groups.tokens, groups.x_k))
   return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht)
+
+
+def _quantize_operand(a, groups: tuple[int, int] | None, key=None, **kw):
+  """``numerics.quantize_values(a, **kw)``, per amax block when ``groups`` is not (1, 1) (see AmaxGroups)."""
+  if groups is None or groups == (1, 1):
+    return numerics.quantize_values(a, stochastic_key=key, **kw)
+  return _quantize_grouped(lambda b, k: numerics.quantize_values(b, stochastic_key=k, **kw), a, groups, key)
 
 
 # ----------------------------------------------------------------------------------------------
 # The three passes on 2D operands: x (M, K), w (K, N), dy (M, N). ``qw`` / ``qx`` are operands
 # already quantized for this pass (shared with another pass or saved by the forward).
 # ----------------------------------------------------------------------------------------------
-def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None):
+def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = None):
   if r.fprop == "bf16":
     return _plain_dot(x, w, (1, 0), out_dtype)
   if r.fprop == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
   if qw is None:
-    qw = _quantize_weight(w, r.two_d_weights, 0)
+    qw = _quantize_weight(w, r.two_d_weights, 0, groups)
+  if groups is not None and not groups.trivial:
+    qx = _quantize_operand(x, (groups.tokens, groups.x_k), axis=1)
+    return _nvfp4_dot(qx, qw, (1, 0), out_dtype)
   qx = numerics.quantize_values(_pad_to(x, (x.shape[0], qw.shape[0])), axis=1)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
-def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype):
+def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None):
   """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad."""
   if r.dgrad == "bf16":
     return _plain_dot(dy, w, (1, 1), out_dtype)
   if r.dgrad == "fp8":
     return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
-  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1)
-  qdy = numerics.quantize_values(
-      _pad_to(dy, (dy.shape[0], qw.shape[1])), axis=1, stochastic_key=key if r.stochastic_rounding else None
-  )
+  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1, groups)
+  sr = key if r.stochastic_rounding else None
+  if groups is not None and not groups.trivial:
+    return _nvfp4_dot(_quantize_operand(dy, (groups.tokens, groups.dy_n), sr, axis=1), qw, (1, 1), out_dtype)
+  qdy = numerics.quantize_values(_pad_to(dy, (dy.shape[0], qw.shape[1])), axis=1, stochastic_key=sr)
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
 
-def _wgrad(r: GemmRecipe, x, dy, key, out_dtype):
+def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = None):
   """``x``: the (M, K) activations, or (nvfp4 only) their NVFP4Tensor quantized for wgrad."""
   if r.wgrad == "bf16":
     return _plain_dot(x, dy, (0, 0), out_dtype)
   if r.wgrad == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(dy, "e5m2"), (0, 0), out_dtype)
-  qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht)
-  qdy = numerics.quantize_values(
-      _pad_to(dy, (qx.shape[0], dy.shape[1])), axis=0, rht=r.rht, stochastic_key=key if r.stochastic_rounding else None
-  )
+  qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht, groups)
+  sr = key if r.stochastic_rounding else None
+  if groups is not None and not groups.trivial:
+    return _nvfp4_dot(qx, _quantize_operand(dy, (groups.tokens, groups.dy_n), sr, axis=0, rht=r.rht), (0, 0),
+                      out_dtype)
+  qdy = numerics.quantize_values(_pad_to(dy, (qx.shape[0], dy.shape[1])), axis=0, rht=r.rht, stochastic_key=sr)
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 
 
@@ -275,6 +402,8 @@ class _Static:
   x_dtype: object
   w_dtype: object
   k: int
+  # per-operand amax blocks (TE's scope on the mesh), or None: one amax per tensor
+  groups: AmaxGroups | None = None
 
   def uniform(self, name: str) -> bool:
     """Pass ``name`` computes the same thing whether or not the switch is on."""
@@ -296,12 +425,12 @@ class _Static:
 
 def _forward(static: _Static, x, w, use_switched):
   """(y, the dgrad-quantized W or None)."""
-  qw = _quantize_weight(w, static.recipe.two_d_weights, 1) if static.save_quantized_w else None
+  qw = _quantize_weight(w, static.recipe.two_d_weights, 1, static.groups) if static.save_quantized_w else None
 
   def fprop(r):
     # 16x16 tiles are the same for fprop and dgrad: quantize W once.
     share = qw is not None and qw.block_2d and r.two_d_weights
-    return _fprop(r, x, w, static.out_dtype, qw=qw if share else None)
+    return _fprop(r, x, w, static.out_dtype, qw=qw if share else None, groups=static.groups)
 
   return _select(use_switched, static, "fprop", fprop), qw
 
@@ -315,7 +444,7 @@ def _gemm2d_fwd(static, x, w, use_switched, key):
   y, qw = _forward(static, x, w, use_switched)
   # Residuals: at most what a bf16 GEMM saves (x and W), each replaced by its 4-bit form when every
   # branch of the backward consumes only that form.
-  x_res = _quantize_x_for_wgrad(x, static.recipe.rht) if static.save_quantized_x else x
+  x_res = _quantize_x_for_wgrad(x, static.recipe.rht, static.groups) if static.save_quantized_x else x
   w_res = qw if qw is not None else w
   return y, (x_res, w_res, use_switched, key)
 
@@ -323,8 +452,9 @@ def _gemm2d_fwd(static, x, w, use_switched, key):
 def _gemm2d_bwd(static, res, dy):
   x, w, use_switched, key = res
   kd, kw = sr_keys(key) if key is not None else (None, None)
-  dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype))
-  dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype))
+  g = static.groups
+  dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g))
+  dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype, g))
   return dx, dw, None, None
 
 
@@ -352,6 +482,7 @@ def dot_general(
     use_switched=None,
     key=None,
     preferred_element_type=None,
+    amax_groups: AmaxGroups | None = None,
 ) -> jax.Array:
   """``lax.dot_general(lhs, rhs, dimension_numbers)`` computed with the emulated GEMM recipe.
 
@@ -364,6 +495,8 @@ def dot_general(
     use_switched: traced boolean scalar; required iff ``switched`` is given.
     key: PRNG key for stochastic rounding; required when a recipe uses SR.
     preferred_element_type: output dtype of the forward (default: result type of lhs and rhs).
+    amax_groups: the operands' amax blocks on the run's mesh (TE's amax scope, :class:`AmaxGroups`); None
+      or all 1: one amax per tensor (results independent of the mesh).
 
   Returns:
     The product with lax.dot_general's output layout (batch, lhs free, rhs free).
@@ -402,7 +535,8 @@ def dot_general(
 
   out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else jnp.result_type(lhs, rhs)
   static = _Static(
-      recipe=recipe, switched=switched, out_dtype=out_dtype, x_dtype=lhs.dtype, w_dtype=rhs.dtype, k=k
+      recipe=recipe, switched=switched, out_dtype=out_dtype, x_dtype=lhs.dtype, w_dtype=rhs.dtype, k=k,
+      groups=None if amax_groups is None or amax_groups.trivial else amax_groups,
   )
   if use_switched is not None:
     use_switched = jnp.asarray(use_switched, jnp.bool_)

@@ -17,6 +17,8 @@ PRECISIONS = ("nvfp4", "bf16", "fp8")
 TARGETS = ("all", "mlp", "attention")
 FALLBACKS = ("bf16", "fp8")
 SWITCH_SCOPES = ("forward", "all")
+# Over which part of a sharded operand an NVFP4 amax is taken (core/amax_scope.py).
+AMAX_SCOPES = ("te", "global")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +35,9 @@ class Nvfp4Settings:
   stochastic_rounding: bool = True
   # 16x16 block scales for weights (TE: not disable_2d_quantization); False = 1x16 along K.
   two_d_weights: bool = True
+  # te: each operand's amax as TE's dense scopes it on the run's mesh (x, dy per device, W per tensor-parallel
+  # shard); global: one amax per tensor, results independent of the mesh (compare runs across meshes).
+  amax_scope: str = "te"
   # Number of first / last decoder layers whose GEMMs are not NVFP4 (they run in `fallback`).
   keep_first_layers: int = 0
   keep_last_layers: int = 0
@@ -69,6 +74,7 @@ KEY_HELP: dict[str, str] = {
     "rht": "bool: RHT16 on wgrad operands",
     "stochastic_rounding": "bool: SR on output gradients",
     "two_d_weights": "bool: 16x16 weight blocks",
+    "amax_scope": "te | global",
     "keep_first_layers": "int >= 0",
     "keep_last_layers": "int >= 0",
     "fallback": "bf16 | fp8",
@@ -86,6 +92,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fallback": FALLBACKS,
     "switch_to": FALLBACKS,
     "switch_scope": SWITCH_SCOPES,
+    "amax_scope": AMAX_SCOPES,
 }
 
 

@@ -90,6 +90,10 @@ def _linen_module_class():
     diag_group: str | None = None
     # nvfp4_diagnostics_interval: statistics on steps with step % diag_interval == 0
     diag_interval: int = 1
+    # the kernel's logical axes (DenseGeneral's kernel_axes): with amax_scope te, W's sharding
+    kernel_axes: tuple = ()
+    # nvfp4_amax_scope: te (TE's per-device / per-shard amaxes on the run's mesh) or global
+    amax_scope: str = "global"
 
     @nn.compact
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
@@ -110,8 +114,14 @@ def _linen_module_class():
       step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
       use_switched = None if self.switched is None else step >= self.switch_step
       key = plan_lib.sr_key(self.seed, step, self.layer, self.role)
+      groups = None
+      if self.amax_scope == "te":
+        from maxtext_nvfp4.integration import mesh_scope  # pylint: disable=import-outside-toplevel
+
+        groups = mesh_scope.te_amax_groups(lhs.ndim, dimension_numbers, self.kernel_axes, self.role)
       out = gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
-                             use_switched=use_switched, key=key, preferred_element_type=preferred_element_type)
+                             use_switched=use_switched, key=key, preferred_element_type=preferred_element_type,
+                             amax_groups=groups)
       if self.diag_group is None or not training:
         return out  # trace-time decision: without diagnostics the traced GEMM is exactly the one above
       from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
@@ -160,7 +170,8 @@ def _quantization_class():
       extra = {} if group is None else {"diag_group": group, "diag_interval": int(self.diagnostics_interval)}
       return functools.partial(_linen_module_class(), recipe=recipe, switched=switched,
                                switch_step=self.switch_step if switched is not None else None,
-                               layer=layer, role=role, seed=int(self.settings.seed), **extra)
+                               layer=layer, role=role, seed=int(self.settings.seed),
+                               kernel_axes=tuple(mesh_axes), amax_scope=self.settings.amax_scope, **extra)
 
     def diagnostics_group(self, layer: int | None, role: str, recipe) -> str | None:
       """Aggregation group of a GEMM with diagnostics on and an NVFP4 pass before the switch, else None.

@@ -1,0 +1,61 @@
+"""``nvfp4_amax_scope=te`` inside MaxText: each GEMM operand's amax blocks from the shardings MaxText gives it.
+
+At trace time (inside MaxText's train step, under ``jax.set_mesh(mesh)`` and flax's
+``logical_axis_rules``), the operands' partition specs come from their logical axes through the run's own
+rules (``flax.linen.logical_to_mesh_axes``):
+
+  x (B, S, K...)   ("activation_batch", "activation_length", <activation axis of each kernel input axis>)
+                   the kernel's input axes map as embed -> activation_embed, mlp -> activation_mlp,
+                   heads/q_heads -> activation_heads, kv/kv_head_dim -> activation_kv (MaxText's MLP and
+                   attention inputs, ``layers/linears.py`` / ``layers/attentions.py``)
+  W (K..., N...)   the kernel's own logical axes (``DenseGeneral(kernel_axes=...)``, passed to
+                   ``dot_general_cls(mesh_axes)``)
+
+and the mesh's axis sizes; :func:`maxtext_nvfp4.core.amax_scope.amax_groups` turns them into TE's amax
+blocks. Outside a mesh (or on one device) every operand has one amax, as with ``global``.
+"""
+
+from __future__ import annotations
+
+from maxtext_nvfp4.core import amax_scope
+
+# MaxText's activation axis for a kernel input axis (the lhs contracting dims of DenseGeneral).
+_ACTIVATION_OF_KERNEL_AXIS = {
+    "embed": "activation_embed",
+    "mlp": "activation_mlp",
+    "heads": "activation_heads",
+    "q_heads": "activation_heads",
+    "kv": "activation_kv",
+    "kv_head_dim": "activation_kv",
+}
+
+
+def te_amax_groups(lhs_ndim: int, dimension_numbers, kernel_axes: tuple, role: str = ""):
+  """The ``te`` scope's ``AmaxGroups`` for ``lax.dot_general(lhs, kernel, dimension_numbers)`` on the
+  current mesh, or None (no mesh, one device, batch dims, or no kernel axes)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+
+  mesh = jax.sharding.get_abstract_mesh()
+  (lc, rc), (lb, _) = dimension_numbers
+  if mesh.empty or mesh.size == 1 or lb or not kernel_axes:
+    return None
+  sizes = dict(mesh.shape)
+  lc = tuple(int(d) % lhs_ndim for d in lc)
+  rc = tuple(int(d) % len(kernel_axes) for d in rc)
+  rows = [d for d in range(lhs_ndim) if d not in lc]
+  x_logical = [None] * lhs_ndim
+  for i, d in enumerate(rows[:2]):
+    x_logical[d] = ("activation_batch", "activation_length")[i]
+  for dl, dr in zip(lc, rc):
+    x_logical[dl] = _ACTIVATION_OF_KERNEL_AXIS.get(kernel_axes[dr])
+  x_spec = tuple(nn.logical_to_mesh_axes(tuple(x_logical)))
+  w_spec = tuple(nn.logical_to_mesh_axes(tuple(kernel_axes)))
+  groups = amax_scope.amax_groups(mesh=sizes, x_rows=[x_spec[d] for d in rows], x_k=[x_spec[d] for d in lc],
+                                  w_k=[w_spec[d] for d in rc],
+                                  w_n=[w_spec[d] for d in range(len(kernel_axes)) if d not in rc])
+  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (cycle)
+
+  quantization._log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {sizes}: {role or kernel_axes} amax blocks"  # pylint: disable=protected-access
+                        f" {amax_scope.describe(groups)}")
+  return None if groups.trivial else groups
