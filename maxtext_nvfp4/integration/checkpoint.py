@@ -123,6 +123,11 @@ def _check_supported(config) -> None:
       problems.append(f"{key}=true")
   if float(get("final_logits_soft_cap") or 0) != 0:
     problems.append("final_logits_soft_cap")
+  if float(get("rope_min_timescale") or 1) != 1:
+    problems.append(f"rope_min_timescale={get('rope_min_timescale')} (HF's RoPE has 1)")
+  if get("logits_via_embedding") and get("normalize_embedding_logits"):
+    # MaxText divides tied-embedding logits by sqrt(emb_dim) (nnx_decoders.py); HF's tied lm_head does not
+    problems.append("logits_via_embedding with normalize_embedding_logits (logits / sqrt(emb_dim))")
   if problems:
     raise CheckpointError(f"unsupported model for the Llama export: {'; '.join(problems)}")
 
