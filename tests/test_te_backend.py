@@ -23,6 +23,7 @@ from flax import nnx
 from maxtext_nvfp4.backends import capability
 from maxtext_nvfp4.core import settings as settings_mod
 from maxtext_nvfp4.backends import te as te_backend
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import te_quantization
 
 
@@ -131,12 +132,52 @@ def test_rng_streams_needed_follows_stochastic_rounding():
   assert te_backend.rng_streams_needed(settings_mod.Nvfp4Settings(stochastic_rounding=False)) == ()
 
 
-def test_switch_is_rejected_for_te_in_one_line(fake_te):
-  s = settings_mod.Nvfp4Settings(switch_at_step=0.8)
-  with pytest.raises(capability.BackendError) as e:
-    te_quantization.make_te_quantization(_te_base(), _config(), s, MlpOnlyPlan())
-  msg = str(e.value)
-  assert "\n" not in msg and "emulate-only" in msg and "nvfp4_backend=emulate" in msg
+def _scaled_fake_dense(monkeypatch, scale):
+  """The fake TE dense, its output multiplied by ``scale[type(recipe)]``: tells the TE paths apart by value."""
+
+  def dense(x, kernel, contracting_dims, quantizer_set, collective_op_set=None):
+    return fake_dense(x, kernel, contracting_dims, quantizer_set, collective_op_set) * scale[type(quantizer_set["recipe"])]
+
+  monkeypatch.setattr(sys.modules["transformer_engine.jax.dense"], "dense", dense)
+
+
+@pytest.mark.parametrize("scope, to", [("all", "fp8"), ("forward", "bf16"), ("forward", "fp8")])
+def test_wiring_late_switch_is_a_cond_between_te_nvfp4_and_the_switched_dense(fake_te, monkeypatch, scope, to):
+  """nvfp4_switch_at_step on the TE backend: one traced program (both TE paths traced once, a cond on the
+  traced step); before step S the NVFP4 dense, from S on the switched one -- whole GEMM (scope all) or the
+  forward value only, gradients still from the NVFP4 dense (scope forward, the paper's recipe)."""
+  from flax import nnx as nnx_  # pylint: disable=import-outside-toplevel
+
+  nv, fp8 = 1.5, 3.0  # fake NVFP4 / FP8 dense = plain dot times these; bf16 = the plain dot itself
+  _scaled_fake_dense(monkeypatch, {FakeNVFP4BlockScaling: nv, FakeFloat8CurrentScaling: fp8})
+  s = settings_mod.Nvfp4Settings(switch_at_step=5, switch_to=to, switch_scope=scope)
+  q = te_quantization.make_te_quantization(_te_base(), types.SimpleNamespace(te_comm_gemm_overlap="disabled",
+                                                                             steps=10), s, MlpOnlyPlan())
+  x = jax.random.normal(jax.random.PRNGKey(0), (4, 32), jnp.bfloat16)
+
+  @jax.jit
+  def run(x, step):
+    with step_lib.step_context(step):
+      layer = _dense(q, ("embed", "mlp"), nnx_.Rngs(params=0, dropout=1, aqt=2))
+      y = layer(x)
+      dx = nnx_.grad(lambda layer, x: jnp.sum(layer(x).astype(jnp.float32)), argnums=1)(layer, x)
+      return y, dx, layer.kernel[...]
+
+  fake_te.clear()
+  traces = 0
+  for step in (0, 4, 5, 9):
+    y, dx, kernel = run(x, jnp.int32(step))
+    traces = max(traces, run._cache_size())  # pylint: disable=protected-access
+    plain = np.asarray(jnp.dot(x.astype(jnp.float32), kernel.astype(jnp.bfloat16).astype(jnp.float32)))
+    dplain = np.asarray(jnp.sum(kernel.astype(jnp.bfloat16).astype(jnp.float32), axis=1))
+    after = {"bf16": 1.0, "fp8": fp8}[to]
+    y_scale = nv if step < 5 else after
+    dx_scale = nv if step < 5 or scope == "forward" else after
+    np.testing.assert_allclose(np.asarray(y, np.float32), y_scale * plain, rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(np.asarray(dx, np.float32)[0], dx_scale * dplain, rtol=2e-2, atol=2e-2)
+  assert traces == 1  # the step is traced: one compilation for every step
+  recipes = {type(c["quantizer_set"]["recipe"]) for c in fake_te}
+  assert recipes == ({FakeNVFP4BlockScaling, FakeFloat8CurrentScaling} if to == "fp8" else {FakeNVFP4BlockScaling})
 
 
 def test_wiring_recipe_toggles_reach_te_recipe(fake_te):

@@ -63,20 +63,15 @@ def check_te_settings(settings) -> None:
     ("if one operand is quantized with RHT, the other must be ... as well"). ``NVFP4BlockScaling`` has no
     per-tensor RHT toggle (only ``disable_rht``, global), so nothing maps the emulation's variant (RHT on
     the wgrad operands x and dy only, 1x16 W without RHT) onto TE: refused.
-  * The late precision switch (``nvfp4_switch_at_step``) needs the current step inside every GEMM and a
-    ``lax.cond`` between two TE paths; that is implemented for the emulation only.
+
+  The late precision switch is mapped (a ``lax.cond`` between TE's NVFP4 ``dense`` and the FP8 / BF16 one,
+  :mod:`maxtext_nvfp4.integration.te_quantization`).
   """
   if settings.rht and not settings.two_d_weights:
     raise BackendError(
         "nvfp4_2d_weights=false with nvfp4_rht=true cannot run on Transformer Engine: TE applies RHT to the"
         " 1D kernel's column-wise copy (the fprop operand) and then refuses the fprop GEMM; set"
         " nvfp4_2d_weights=true, or nvfp4_rht=false, or nvfp4_backend=emulate"
-    )
-  if float(settings.switch_at_step) > 0:
-    raise BackendError(
-        f"nvfp4_switch_at_step={settings.switch_at_step} is emulate-only for now: the late precision switch is"
-        " not mapped to Transformer Engine; set nvfp4_backend=emulate, or nvfp4_switch_at_step=-1 to train"
-        " with TE without the switch"
     )
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from maxtext_nvfp4.backends.te import (PRECISIONS, SR_RNG_SOURCE_STREAM, TE_SR_RNG_STREAM, check_te_settings,
                                        rng_streams_needed, te_recipe)
+from maxtext_nvfp4.integration import step as step_lib
 
 _PLAIN_CLS: list[Any] = []
 
@@ -65,15 +66,17 @@ def _subclass_of(base_cls: type) -> type:
       self._recipe = te_recipe("nvfp4", settings)
       # MaxText's TeCommGemmOverlapPolicy is a str enum; "disabled" compares equal to DISABLED.
       self._te_comm_gemm_overlap_policy = getattr(config, "te_comm_gemm_overlap", "disabled")
+      # first step of the late precision switch (None: off)
+      self._switch_step = settings.switch_step(getattr(config, "steps", None))
+
+    def _key(self):
+      return (self.quant_mode, self._settings, self._plan, self._switch_step)
 
     def __hash__(self):
-      return hash((type(self).__name__, self.quant_mode, self._settings, self._plan))
+      return hash((type(self).__name__,) + self._key())
 
     def __eq__(self, other):
-      return (
-          type(other) is type(self)
-          and (self.quant_mode, self._settings, self._plan) == (other.quant_mode, other._settings, other._plan)
-      )
+      return type(other) is type(self) and self._key() == other._key()
 
     @property
     def needs_apply_rngs(self) -> bool:
@@ -115,8 +118,63 @@ def _subclass_of(base_cls: type) -> type:
       if precision != "nvfp4":
         routed = copy.copy(self)
         routed._recipe = te_recipe(precision, self._settings)  # pylint: disable=protected-access
+      elif self._switch_step is not None:
+        return self._switched_dot_general_cls(mesh_axes)
       # MaxText's implementation: TEWrapper(dense(x, kernel, contracting_dims, quantizer_set, ...)).
       return base_cls.dot_general_cls(routed, mesh_axes)
+
+    def _switched_dot_general_cls(self, mesh_axes):
+      """An NVFP4 projection with the late switch: ``lax.cond(step >= S, switched, nvfp4)``, both compiled once.
+
+      ``nvfp4``: TE's NVFP4 ``dense``. ``switched``: with ``nvfp4_switch_scope=all`` the whole GEMM in
+      ``nvfp4_switch_to`` (TE's ``Float8CurrentScaling`` ``dense``, or the plain ``lax.dot_general`` for
+      bf16); with ``forward`` (the paper's recipe) the forward value of that GEMM and the gradients of the
+      NVFP4 one, ``y = y_nvfp4 + stop_gradient(y_hp - y_nvfp4)`` in fp32 (exactly ``y_hp`` after the cast:
+      the fp32 error is far below half a bf16 ulp). TE's ``dense`` runs one recipe for all three GEMMs, so
+      after the switch the forward-only variant also computes the NVFP4 forward, whose residuals feed the
+      NVFP4 backward. Both quantizer sets are created outside the cond (module variables and rngs).
+      """
+      s = self._settings
+      after_recipe = None if s.switch_to == "bf16" else te_recipe(s.switch_to, s)
+      forward_only = s.switch_scope == "forward"
+      switch_step = int(self._switch_step)
+      overlap = self._te_comm_gemm_overlap_policy
+
+      def te_switched_dot_general(generate_quantizer_set, generate_collective_op_set, x, kernel, dims, **kwargs):
+        del kwargs  # as MaxText's te_dot_general: TE's dense takes no precision arguments
+        import jax  # pylint: disable=import-outside-toplevel
+        import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+        import transformer_engine.jax  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+        import transformer_engine.jax.cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+
+        contracting_dims, batch_dims = dims
+        assert batch_dims == ((), ()), "Batch dimensions must be empty for TransformerEngine dot."
+        collective = generate_collective_op_set(mesh_axes) if overlap != "disabled" else tex.noop_collective_op_set
+        out_dtype = jnp.result_type(x)
+
+        def dense(quantizer_set):
+          return transformer_engine.jax.dense.dense(x, kernel, contracting_dims=contracting_dims,
+                                                    quantizer_set=quantizer_set,
+                                                    collective_op_set=collective).astype(out_dtype)
+
+        nvfp4_set = generate_quantizer_set()
+        if after_recipe is None:
+          high = lambda: jax.lax.dot_general(x, kernel, dims).astype(out_dtype)  # noqa: E731
+        else:
+          after_set = generate_quantizer_set(postfix="_switched", fp8_recipe=after_recipe)
+          high = lambda: dense(after_set)  # noqa: E731
+
+        def switched():
+          if not forward_only:
+            return high()
+          y_nv, y_hp = dense(nvfp4_set).astype(jnp.float32), high().astype(jnp.float32)
+          return (y_nv + jax.lax.stop_gradient(y_hp - y_nv)).astype(out_dtype)
+
+        step = step_lib.current_step()
+        step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
+        return jax.lax.cond(step >= switch_step, switched, lambda: dense(nvfp4_set))
+
+      return self._wrap(te_switched_dot_general, "dot_general_switched")
 
   Nvfp4TransformerEngineQuantization.__qualname__ = f"Nvfp4TransformerEngineQuantization[{base_cls.__name__}]"
   _SUBCLASSES[base_cls] = Nvfp4TransformerEngineQuantization
