@@ -170,4 +170,6 @@ def test_doctor_reports_the_refusals_in_json_and_text():
   text = doctor.format_human(report)
   assert "Transformer Engine would refuse: 9 limit(s) broken" in text
   assert "    layers 0-3 wo fprop: K (fprop contraction) = 200 is not a multiple of 32" in text
-  assert doctor.collect(os.path.join(RECIPES, "demo_nvfp4.yml"))["recipe"]["te_refusals"] == []
+  assert "  amax of W  over each tensor-parallel shard (TE AmaxScope.FSDP: pmax over fsdp only)" in text
+  plain = doctor.collect(os.path.join(RECIPES, "demo_nvfp4.yml"), ["nvfp4_amax_scope=global"])["recipe"]
+  assert plain["te_refusals"] == [] and plain["amax_scope"]["x"].startswith("the whole tensor")

@@ -76,3 +76,12 @@ def describe(groups) -> str:
   if groups is None:
     return "x: 1x1, W: 1x1, dy: 1x1"
   return (f"x: {groups.tokens}x{groups.x_k}, W: {groups.w_k}x{groups.w_n}, dy: {groups.tokens}x{groups.dy_n}")
+
+
+def operand_scopes(scope: str) -> dict[str, str]:
+  """Over what each operand's amax is taken under ``scope`` (for ``doctor``; the start-up log gives the
+  concrete blocks on the run's mesh)."""
+  if scope == "global":
+    return {op: "the whole tensor (independent of the mesh)" for op in ("x", "W", "dy")}
+  local = "each device's shard (TE AmaxScope.TPSP: pmax over tensor_sequence only if the sequence dim is on it)"
+  return {"x": local, "W": "each tensor-parallel shard (TE AmaxScope.FSDP: pmax over fsdp only)", "dy": local}

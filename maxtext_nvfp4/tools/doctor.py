@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import maxtext_nvfp4
 from maxtext_nvfp4.backends import capability
 from maxtext_nvfp4.core import settings as settings_mod
+from maxtext_nvfp4.core import amax_scope
 from maxtext_nvfp4.core import te_limits
 from maxtext_nvfp4.tools import recipes as recipes_mod
 
@@ -117,6 +118,9 @@ def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
     out["error"] = problem
     return out
   s = settings_mod.from_config(mapping)
+  # What Transformer Engine would refuse (core/te_limits): the emulation zero-pads it, nvfp4_backend=te stops.
+  out["te_refusals"] = [r.as_dict() for r in te_limits.check(values, s)]
+  out["amax_scope"] = amax_scope.operand_scopes(s.amax_scope)  # per operand: over what its amax is taken
   try:
     c = capability.choose_backend(s.backend, devices=devices)
     out["backend"] = {"name": c.name, "reason": c.reason}
@@ -194,6 +198,8 @@ def format_human(r: dict[str, Any]) -> str:
       lines.append(f"  backend: {name} -- {rec['backend']['reason']}")
     if rec.get("te_recipe"):
       lines.append(f"  TE NVFP4BlockScaling({', '.join(f'{k}={v}' for k, v in rec['te_recipe'].items())})")
+    for op, where in (rec.get("amax_scope") or {}).items():
+      lines.append(f"  amax of {op:<2} over {where}")
     refused = [te_limits.Refusal(**d) for d in rec.get("te_refusals") or []]
     if refused:
       lines.append(f"  {te_limits.REFUSAL_PREFIX} {len(refused)} limit(s) broken (emulate pads them; te stops):")
