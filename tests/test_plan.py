@@ -96,3 +96,56 @@ def test_format_lists_every_gemm():
 def test_unknown_role_rejected():
   with pytest.raises(ValueError, match="unknown decoder GEMM role"):
     plan.role_group("logits")
+
+
+# ---------------------------------------------------------------------------------------------------
+# MoE and MLA roles
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_moe_and_mla_roles_in_construction_order():
+  assert plan.decoder_roles(moe=True, dense_mlp=False) == (
+      "query", "key", "value", "out", "router", "expert_wi_0", "expert_wi_1", "expert_wo")
+  # deepseek: MLA with the low-rank query, routed experts and shared experts (an MlpBlock)
+  assert plan.decoder_roles(mla=True, q_lora=True, moe=True) == (
+      "q_a", "q_b", "kv_a", "kv_b", "out", "router", "expert_wi_0", "expert_wi_1", "expert_wo", "wi_0", "wi_1", "wo")
+  assert plan.decoder_roles(mla=True)[:3] == ("query", "kv_a", "kv_b")
+  assert {plan.role_group(r) for r in plan.decoder_roles(mla=True, q_lora=True, moe=True)} == {
+      "attention", "mlp", "experts", "router"}
+
+
+@pytest.mark.parametrize("targets, nvfp4_groups", [
+    ("all", {"attention", "mlp", "experts"}), ("experts", {"experts"}), ("mlp", {"mlp"}),
+    ("attention", {"attention"})])
+@pytest.mark.parametrize("fallback", ["bf16", "fp8"])
+def test_targets_select_expert_roles_and_the_router_is_always_bf16(targets, nvfp4_groups, fallback):
+  s = Nvfp4Settings(targets=targets, fallback=fallback, switch_at_step=5, switch_to="fp8", switch_scope="all")
+  roles = plan.decoder_roles(mla=True, q_lora=True, moe=True)
+  for r in plan.precision_table(s, num_layers=2, roles=roles):
+    if r.role == "router":  # high precision whatever the targets, fallback or switch
+      assert (r.fprop, r.dgrad, r.wgrad, r.fprop_after, r.dgrad_after, r.wgrad_after) == ("bf16",) * 6
+      continue
+    want = "nvfp4" if plan.role_group(r.role) in nvfp4_groups else fallback
+    assert (r.fprop, r.dgrad, r.wgrad) == (want,) * 3, r
+
+
+def test_precision_table_with_per_layer_roles_counts_decoder_layers():
+  """deepseek-style: layer 0 dense, layers 1-2 MoE; keep_last counts decoder layers, not MoE layers."""
+  dense, moe = plan.decoder_roles(), plan.decoder_roles(moe=True, dense_mlp=False)
+  s = Nvfp4Settings(keep_last_layers=1)
+  rows = plan.precision_table(s, num_layers=3, roles=lambda layer: dense if layer == 0 else moe)
+  assert [r.role for r in rows if r.layer == 0] == list(dense)
+  assert [r.role for r in rows if r.layer == 2] == list(moe)
+  assert {r.fprop for r in rows if r.layer == 2} == {"bf16"}
+  assert {r.fprop for r in rows if r.layer == 1 and r.role != "router"} == {"nvfp4"}
+
+
+def test_locator_places_router_and_experts_in_moe_layers():
+  loc = plan.GemmLocator(num_layers=4, moe_layers=(1, 3))
+  wi, wo = ("exp", "embed_moe", "mlp_moe"), ("exp", "mlp_moe", "embed_moe")
+  got = [loc.locate(a) for a in [("embed", None), ("embed", None), wi, wi, wo, wi, wi, wo, wi]]
+  assert got == [(1, "router"), (3, "router"), (1, "expert_wi_0"), (1, "expert_wi_1"), (1, "expert_wo"),
+                 (3, "expert_wi_0"), (3, "expert_wi_1"), (3, "expert_wo"), (1, "expert_wi_0")]  # next trace wraps
+  assert plan.signature_roles(("exp", None, "mlp"), 2) == ("expert_wi_0", "expert_wi_1")  # capacity form
+  with pytest.raises(plan.settings_lib.SettingsError, match=r"kernel axes \('exp', 'embed_moe'\)"):
+    plan.signature_roles(("exp", "embed_moe"), 2)

@@ -4,9 +4,11 @@ Pure Python (no JAX, no MaxText). For every decoder layer ``l`` (0-based) and pr
 plan gives the precision of the three GEMMs of a linear layer (fprop ``y = x·W``, dgrad ``dx = dy·Wᵀ``,
 wgrad ``dW = xᵀ·dy``), each one of ``"nvfp4" | "bf16" | "fp8"``:
 
-* ``r`` is NVFP4 at layer ``l`` iff ``r`` is in ``nvfp4_targets`` AND
+* ``r`` is NVFP4 at layer ``l`` iff ``r``'s group (attention, mlp, experts) is in ``nvfp4_targets`` AND
   ``nvfp4_keep_first_layers <= l < num_layers - nvfp4_keep_last_layers``; then all three passes are
   ``"nvfp4"``. Otherwise all three passes run in ``nvfp4_fallback``.
+* The MoE router (gate logits) is always BF16 (high precision, as in TE/Megatron, where only the expert
+  linears are quantized); MoE dispatch and combine are not GEMMs of the plan (MaxText's own einsums).
 * Late switch (``nvfp4_switch_at_step`` -> step ``S``): for steps ``>= S`` every pass in
   ``nvfp4_switch_scope`` (``forward`` = fprop only, ``all`` = fprop, dgrad, wgrad) that ran in NVFP4
   runs in ``nvfp4_switch_to`` instead. Passes already in the fallback are left alone (the switch only
@@ -19,44 +21,63 @@ With ``scan_layers=true`` the layer index is unknown (``layer=None``): keep-firs
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Callable, Iterable
 
 from maxtext_nvfp4.core import settings as settings_lib
 
 # Decoder projection roles, in the order MaxText constructs them inside one layer (Attention, then MLP).
-ATTENTION_ROLES = ("query", "key", "value", "qkv_proj", "out")
+# q_a/q_b/kv_a/kv_b: multi-head latent attention's low-rank projections (wq_a, wq_b, wkv_a, wkv_b).
+ATTENTION_ROLES = ("query", "key", "value", "qkv_proj", "q_a", "q_b", "kv_a", "kv_b", "out")
+# Dense MLPs, and the shared experts of MoE layers (MaxText builds them as an MlpBlock).
 MLP_ROLES = ("wi_0", "wi_1", "wi", "wo")
+# The routed experts' linears (RoutedMoE's wi_0/wi_1/wo einsums, one GEMM per expert).
+EXPERT_ROLES = ("expert_wi_0", "expert_wi_1", "expert_wo")
+# The MoE gate (router logits): never quantized.
+ROUTER_ROLES = ("router",)
 # Stable small integers folded into the stochastic-rounding key (never renumber: it would change
 # the SR stream of existing runs).
-ROLE_IDS = {"query": 1, "key": 2, "value": 3, "qkv_proj": 4, "out": 5, "wi_0": 6, "wi_1": 7, "wi": 8, "wo": 9}
+ROLE_IDS = {"query": 1, "key": 2, "value": 3, "qkv_proj": 4, "out": 5, "wi_0": 6, "wi_1": 7, "wi": 8, "wo": 9,
+            "q_a": 10, "q_b": 11, "kv_a": 12, "kv_b": 13, "router": 14, "expert_wi_0": 15, "expert_wi_1": 16,
+            "expert_wo": 17}
 
 PASSES = ("fprop", "dgrad", "wgrad")
 
 
-def decoder_roles(*, num_activations: int = 2, fused_mlp: bool = False, fused_qkv: bool = False) -> tuple[str, ...]:
-  """The projection roles of one MaxText Llama-style decoder layer, in construction order."""
-  attn = ("qkv_proj",) if fused_qkv else ("query", "key", "value")
-  if fused_mlp:
-    mlp = ("wi",)
-  elif num_activations == 1:
-    mlp = ("wi",)
+def decoder_roles(*, num_activations: int = 2, fused_mlp: bool = False, fused_qkv: bool = False,
+                  mla: bool = False, q_lora: bool = False, dense_mlp: bool = True,
+                  moe: bool = False) -> tuple[str, ...]:
+  """The projection roles of one MaxText decoder layer, in construction order.
+
+  ``mla``: multi-head latent attention (``q_lora``: with the low-rank query, ``q_lora_rank > 0``).
+  ``dense_mlp``: the layer has a dense MLP or shared experts; ``moe``: routed experts (router first).
+  """
+  if mla:
+    attn = ("q_a", "q_b") if q_lora else ("query",)
+    attn += ("kv_a", "kv_b")
   else:
-    mlp = tuple(f"wi_{i}" for i in range(num_activations))
-  return attn + ("out",) + mlp + ("wo",)
+    attn = ("qkv_proj",) if fused_qkv else ("query", "key", "value")
+  if not dense_mlp:
+    mlp = ()
+  elif fused_mlp or num_activations == 1:
+    mlp = ("wi", "wo")
+  else:
+    mlp = tuple(f"wi_{i}" for i in range(num_activations)) + ("wo",)
+  return attn + ("out",) + (ROUTER_ROLES + EXPERT_ROLES if moe else ()) + mlp
 
 
 def role_group(role: str) -> str:
-  """``"attention"`` or ``"mlp"``."""
-  if role in ATTENTION_ROLES:
-    return "attention"
-  if role in MLP_ROLES:
-    return "mlp"
+  """``"attention"``, ``"mlp"``, ``"experts"`` or ``"router"``."""
+  for group, roles in (("attention", ATTENTION_ROLES), ("mlp", MLP_ROLES), ("experts", EXPERT_ROLES),
+                       ("router", ROUTER_ROLES)):
+    if role in roles:
+      return group
   raise ValueError(f"unknown decoder GEMM role {role!r}")
 
 
 def is_targeted(role: str, targets: str) -> bool:
-  """Whether ``nvfp4_targets`` selects ``role``."""
-  return targets == "all" or role_group(role) == targets
+  """Whether ``nvfp4_targets`` selects ``role`` (``all``: every group but the router, which is never)."""
+  group = role_group(role)
+  return group != "router" and (targets == "all" or group == targets)
 
 
 def is_kept(layer: int | None, num_layers: int, s: settings_lib.Nvfp4Settings) -> bool:
@@ -85,7 +106,7 @@ def precisions(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str,
                num_layers: int) -> tuple[Precisions, Precisions | None]:
   """``(before the switch, after the switch or None when the switch is off)`` for one GEMM."""
   nvfp4 = is_targeted(role, s.targets) and not is_kept(layer, num_layers, s)
-  p = s.fallback if not nvfp4 else "nvfp4"
+  p = "bf16" if role_group(role) == "router" else s.fallback if not nvfp4 else "nvfp4"
   before = Precisions(fprop=p, dgrad=p, wgrad=p)
   if float(s.switch_at_step) <= 0:
     return before, None
@@ -130,13 +151,17 @@ class PrecisionRow:
 
 
 def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
-                    roles: Iterable[str] | None = None, scan_layers: bool = False) -> list[PrecisionRow]:
-  """Every decoder GEMM (layer-major, roles in construction order) with its per-pass precisions."""
-  roles = tuple(roles) if roles is not None else decoder_roles()
+                    roles: Iterable[str] | Callable[[int | None], Iterable[str]] | None = None,
+                    scan_layers: bool = False) -> list[PrecisionRow]:
+  """Every decoder GEMM (layer-major, roles in construction order) with its per-pass precisions.
+
+  ``roles``: the roles of every layer, or ``roles(layer)`` when layers differ (MoE and dense layers).
+  """
+  roles_of = roles if callable(roles) else (lambda _, r=tuple(roles or decoder_roles()): r)
   layers: list[int | None] = [None] if scan_layers else list(range(num_layers))
   rows = []
   for layer in layers:
-    for role in roles:
+    for role in roles_of(layer):
       before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
       after = after or before
       rows.append(PrecisionRow(layer=layer, role=role, fprop=before.fprop, dgrad=before.dgrad,
@@ -167,14 +192,29 @@ def format_precision_table(rows: list[PrecisionRow], *, switch_step: int | None 
 
 # kernel axes of a decoder projection -> the roles sharing that signature inside one layer, in
 # construction order (MaxText 0.2.5 ``layers/attentions.py`` and ``layers/linears.py``: Attention builds
-# query, key, value, out; MlpBlock builds wi_0, wi_1, wo). ("embed", "mlp") is resolved per config.
+# query, key, value, out; MlpBlock builds wi_0, wi_1, wo; ``layers/attention_mla.py`` builds wq_a, wq_b
+# (or query), wkv_a, wkv_b; ``layers/moe.py``: GateLogit is built with the router's axes (each decoder
+# block passes ("embed", None); RoutedAndSharedMoE ("embed_router", None)) and RoutedMoE asks for one
+# einsum per expert linear with the expert kernel's axes at call time: ("exp", "embed_moe", "mlp_moe") /
+# ("exp", "mlp_moe", "embed_moe") without capacity, ("exp", None, "mlp") / ("exp", "mlp", None) with
+# capacity_factor > 0). ("embed", "mlp") is resolved per config.
 SIGNATURES = {
     ("embed_attn", "q_heads", "kv"): ("query",),
     ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
     ("embed_attn", "heads", "kv"): ("qkv_proj",),
+    ("embed_attn", "q_lora_up_proj"): ("q_a",),
+    ("q_lora", "q_heads", "kv"): ("q_b",),
+    ("embed_attn", "kv_lora_up_proj"): ("kv_a",),
+    ("kv_lora", "kv_heads", "kv_head_dim"): ("kv_b",),
     ("heads", "kv", "embed_attn"): ("out",),
     ("embed", "num_activations", "mlp"): ("wi",),
     ("mlp", "embed"): ("wo",),
+    ("embed", None): ("router",),
+    ("embed_router", None): ("router",),
+    ("exp", "embed_moe", "mlp_moe"): ("expert_wi_0", "expert_wi_1"),
+    ("exp", "mlp_moe", "embed_moe"): ("expert_wo",),
+    ("exp", None, "mlp"): ("expert_wi_0", "expert_wi_1"),
+    ("exp", "mlp", None): ("expert_wo",),
 }
 
 
@@ -187,7 +227,8 @@ def signature_roles(mesh_axes, num_activations: int) -> tuple[str, ...]:
     return SIGNATURES[axes]
   raise settings_lib.SettingsError(
       f"quantization=nvfp4 cannot identify the decoder projection with kernel axes {axes!r} (supported: the"
-      " llama2/default decoder blocks' query/key/value/out/wi/wo; ici_context_autoregressive_parallelism=1)")
+      " query/key/value/qkv_proj/out, MLA q_a/q_b/kv_a/kv_b, MLP wi/wo, MoE router and expert projections"
+      " listed in maxtext_nvfp4.core.plan.SIGNATURES; ici_context_autoregressive_parallelism=1)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -197,9 +238,12 @@ class GemmLocator:
   MaxText builds each decoder layer's projections in order (layers_0..N-1 when ``scan_layers=false``)
   and asks for one dot_general per projection with its kernel axes. The axes name the projection up to
   repeats inside a layer (key/value and wi_0/wi_1 share axes), so the k-th call with a given signature
-  is role ``roles[k % m]`` of layer ``(k // m) % num_layers`` (``m`` = roles with that signature). With
-  ``scan_layers=true`` one module stands for every layer: layer is None. Equal across MaxText's repeated
-  quantization-object builds (the counter is not compared).
+  is role ``roles[k % m]`` of layer ``(k // m) % num_layers`` (``m`` = roles with that signature). Router
+  and expert roles exist in MoE layers only: their layer is ``moe_layers[(k // m) % len(moe_layers)]``.
+  The expert einsums are asked for at call time, once per traced forward: every trace runs every MoE
+  layer in order, so the count stays aligned across traces. With ``scan_layers=true`` one module stands
+  for every layer: layer is None. Equal across MaxText's repeated quantization-object builds (the counter
+  is not compared).
   """
 
   # config.num_decoder_layers
@@ -208,6 +252,8 @@ class GemmLocator:
   num_activations: int = 2
   # config.scan_layers
   scan_layers: bool = False
+  # the decoder layers with routed experts, in order (None: every layer)
+  moe_layers: tuple[int, ...] | None = None
   # calls so far per kernel-axes signature
   counts: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -217,8 +263,12 @@ class GemmLocator:
     sig = tuple(mesh_axes)
     k = self.counts.get(sig, 0)
     self.counts[sig] = k + 1
-    layer = None if self.scan_layers else (k // len(roles)) % self.num_layers
-    return layer, roles[k % len(roles)]
+    role = roles[k % len(roles)]
+    if self.scan_layers:
+      return None, role
+    if role_group(role) in ("experts", "router") and self.moe_layers:
+      return self.moe_layers[(k // len(roles)) % len(self.moe_layers)], role
+    return (k // len(roles)) % self.num_layers, role
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

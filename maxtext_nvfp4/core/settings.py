@@ -14,7 +14,7 @@ from typing import Any, Mapping
 BACKENDS = ("auto", "emulate", "te")
 # The precision of one GEMM pass (fprop, dgrad or wgrad).
 PRECISIONS = ("nvfp4", "bf16", "fp8")
-TARGETS = ("all", "mlp", "attention")
+TARGETS = ("all", "mlp", "attention", "experts")
 FALLBACKS = ("bf16", "fp8")
 SWITCH_SCOPES = ("forward", "all")
 # Over which part of a sharded operand an NVFP4 amax is taken (core/amax_scope.py).
@@ -27,7 +27,8 @@ class Nvfp4Settings:
 
   # Where NVFP4 GEMMs run: auto (TE on Blackwell, else emulate), emulate (exact pure JAX), te.
   backend: str = "auto"
-  # Which decoder projections run in NVFP4: all (attention + MLP, like te_nvfp4), mlp, attention.
+  # Which decoder projections run in NVFP4: all (attention + MLP + MoE experts; te_nvfp4 has no experts),
+  # mlp (dense MLPs and shared experts), attention, experts (routed experts). The MoE router never does.
   targets: str = "all"
   # 16-point random Hadamard transform on the wgrad operands (TE: not disable_rht).
   rht: bool = True
@@ -70,7 +71,7 @@ class Nvfp4Settings:
 # key name -> (python type, allowed values or None, one-line help)
 KEY_HELP: dict[str, str] = {
     "backend": "auto | emulate | te",
-    "targets": "all | mlp | attention",
+    "targets": "all | mlp | attention | experts",
     "rht": "bool: RHT16 on wgrad operands",
     "stochastic_rounding": "bool: SR on output gradients",
     "two_d_weights": "bool: 16x16 weight blocks",

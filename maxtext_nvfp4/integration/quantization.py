@@ -105,15 +105,8 @@ def _linen_module_class():
                                    preferred_element_type=preferred_element_type)
       from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
 
-      step = step_lib.current_step()
-      if step is not None:
-        _note_traced(self.layer, self.role, self.recipe, self.switched)
-      # else: outside MaxText's train/eval step (DenseGeneral's dummy call at model build, plain model
-      # applies): step 0. Not warned about: every model build makes such a call.
-      training = step is not None and step_lib.in_train_step()
-      step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
-      use_switched = None if self.switched is None else step >= self.switch_step
-      key = plan_lib.sr_key(self.seed, step, self.layer, self.role)
+      training, step, use_switched, key = _step_inputs(self.layer, self.role, self.seed, self.recipe,
+                                                       self.switched, self.switch_step)
       groups = None
       if self.amax_scope == "te":
         from maxtext_nvfp4.integration import mesh_scope  # pylint: disable=import-outside-toplevel
@@ -131,6 +124,41 @@ def _linen_module_class():
                                     stochastic=self.recipe.stochastic_rounding, key=key)
 
   return Nvfp4DotGeneral
+
+
+def _step_inputs(layer, role, seed, recipe, switched, switch_step):
+  """``(training, step, use_switched, SR key)`` of an emulated GEMM being traced (and counts the GEMM).
+
+  Outside MaxText's train/eval step (DenseGeneral's dummy call at model build, plain model applies) the
+  step is 0. Not warned about: every model build makes such a call.
+  """
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  step = step_lib.current_step()
+  if step is not None:
+    _note_traced(layer, role, recipe, switched)
+  training = step is not None and step_lib.in_train_step()
+  step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
+  use_switched = None if switched is None else step >= switch_step
+  return training, step, use_switched, plan_lib.sr_key(seed, step, layer, role)
+
+
+def _expert_einsum(recipe, switched, switch_step, layer, role, seed):
+  """MaxText RoutedMoE's expert einsum ``(eqn, tokens, kernel)``: one emulated GEMM per expert
+  (:func:`maxtext_nvfp4.core.grouped_gemm.einsum`), or the plain einsum when every pass is BF16."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  def expert_einsum(eqn, lhs, rhs, *args, **kwargs):
+    del args, kwargs  # MaxText drops einsum kwargs (precision) on its quantized path too
+    if recipe is None:
+      return jnp.einsum(eqn, lhs, rhs)
+    from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
+
+    _, _, use_switched, key = _step_inputs(layer, role, seed, recipe, switched, switch_step)
+    return grouped_gemm.einsum(eqn, lhs, rhs, recipe=recipe, switched=switched, use_switched=use_switched,
+                               key=key)
+
+  return expert_einsum
 
 
 def _plain_bf16(recipe) -> bool:
@@ -161,11 +189,16 @@ def _quantization_class():
     # nvfp4_diagnostics_interval when nvfp4_diagnostics is on, else 0 (no diagnostics code traced)
     diagnostics_interval: int = 0
 
-    def dot_general_cls(self, mesh_axes=()):
+    def _located_recipes(self, mesh_axes):
+      """(layer, role, recipe, switched) of the next projection built with ``mesh_axes`` (None: plain BF16)."""
       layer, role = self.locator.locate(mesh_axes)
       recipe, switched = plan_lib.gemm_recipes(self.settings, layer=layer, role=role, num_layers=self.num_layers)
       if _plain_bf16(recipe) and _plain_bf16(switched):
         recipe = switched = None
+      return layer, role, recipe, switched
+
+    def dot_general_cls(self, mesh_axes=()):
+      layer, role, recipe, switched = self._located_recipes(mesh_axes)
       group = self.diagnostics_group(layer, role, recipe)
       extra = {} if group is None else {"diag_group": group, "diag_interval": int(self.diagnostics_interval)}
       return functools.partial(_linen_module_class(), recipe=recipe, switched=switched,
@@ -187,8 +220,20 @@ def _quantization_class():
       last = self.num_layers - 1 - int(self.settings.keep_last_layers)
       return diagnostics.group_name(plan_lib.role_group(role), layer, first=first, last=last)
 
-    def einsum(self, dtype=None):
-      raise NotImplementedError("quantization=nvfp4 quantizes DenseGeneral projections only (no einsum path)")
+    def einsum(self, mesh_axes=(), dtype=None):
+      """RoutedMoE's einsum for kernel axes ``mesh_axes`` (asked for at call time, sparse_matmul=false).
+
+      Dispatch/combine (routing masks, ``activation_*`` axes) stay plain high-precision einsums; the
+      expert linears run one emulated GEMM per expert in their planned precision.
+      """
+      del dtype
+      if mesh_axes and str(mesh_axes[0]).startswith("activation_"):
+        import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+        return jnp.einsum
+      layer, role, recipe, switched = self._located_recipes(mesh_axes)
+      return _expert_einsum(recipe, switched, self.switch_step if switched is not None else None, layer, role,
+                            int(self.settings.seed))
 
     def get_block_size(self) -> int:
       # DenseGeneral's dummy init batch: one full NVFP4 block of tokens.
@@ -228,9 +273,56 @@ def precision_table_text(config) -> str:
   return head + "\n" + plan_lib.format_precision_table(rows, switch_step=switch)
 
 
-def _roles_of(config) -> tuple[str, ...]:
-  return plan_lib.decoder_roles(num_activations=len(config.mlp_activations), fused_mlp=bool(config.fused_mlp),
-                                fused_qkv=bool(config.fused_qkv))
+def _value(x) -> str:
+  """A config value as a plain string (MaxText keeps some as enums)."""
+  return str(getattr(x, "value", x))
+
+
+def moe_layers(config) -> tuple[int, ...]:
+  """The decoder layers with routed experts (MaxText 0.2.5 ``models/deepseek.py``: from
+  ``first_num_dense_layers`` on; ``models/llama4.py``: every ``interleave_moe_layer_step``-th; other MoE
+  blocks: all), or () for a dense model."""
+  n = int(config.num_decoder_layers)
+  if int(getattr(config, "num_experts", 1)) <= 1:
+    return ()
+  block = _value(config.decoder_block)
+  if block == "deepseek":
+    return tuple(range(int(config.first_num_dense_layers), n))
+  if block == "llama4":
+    step = int(config.interleave_moe_layer_step)
+    return tuple(l for l in range(n) if step > 0 and (l + 1) % step == 0)
+  return tuple(range(n))
+
+
+def _roles_of(config):
+  """``roles(layer)``: the projection roles of decoder layer ``layer`` (None: scanned, the MoE layers')."""
+  moe = set(moe_layers(config))
+  mla = _value(getattr(config, "attention_type", "")) == "mla"
+  shared = int(getattr(config, "shared_experts", 0) or 0) > 0
+
+  def roles(layer):
+    is_moe = bool(moe) and (layer is None or layer in moe)
+    return plan_lib.decoder_roles(num_activations=len(config.mlp_activations), fused_mlp=bool(config.fused_mlp),
+                                  fused_qkv=bool(config.fused_qkv), mla=mla, q_lora=int(config.q_lora_rank) > 0,
+                                  dense_mlp=not is_moe or shared, moe=is_moe)
+  return roles
+
+
+def check_model(config, s: settings_lib.Nvfp4Settings, backend: str) -> None:
+  """Refuse (one line) MoE configurations whose expert GEMMs would silently skip the plan."""
+  if not moe_layers(config):
+    return
+  experts_planned = plan_lib.is_targeted("expert_wi_0", s.targets) or s.fallback != "bf16"
+  if experts_planned and bool(config.sparse_matmul):
+    raise settings_lib.SettingsError(
+        f"quantization=nvfp4 with decoder_block={_value(config.decoder_block)}"
+        " and sparse_matmul=true: the grouped GEMM (megablox/tokamax gmm, ragged_dot) does not reach the"
+        " quantization object, so its experts would silently run unquantized; set sparse_matmul=false"
+        " (MoE einsum path) or nvfp4_targets=attention|mlp with nvfp4_fallback=bf16")
+  if backend == "te" and experts_planned:
+    raise settings_lib.SettingsError(
+        "nvfp4_backend=te cannot run the MoE expert GEMMs (TE JAX has no NVFP4 grouped GEMM); set"
+        " nvfp4_backend=emulate, or nvfp4_targets=attention|mlp with nvfp4_fallback=bf16")
 
 
 def make_quantization(config, quant_mode_str: str = "train"):
@@ -253,8 +345,10 @@ def make_quantization(config, quant_mode_str: str = "train"):
     refused = te_limits.summary(te_limits.check(config, s))
     if refused:
       _log_once(refused)
+  check_model(config, s, s.backend)
   locator = plan_lib.GemmLocator(num_layers=int(config.num_decoder_layers),
-                                 num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers))
+                                 num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers),
+                                 moe_layers=moe_layers(config) or None)
   if choice.name == "te":
     if s.diagnostics:
       _log_once("maxtext-nvfp4: nvfp4_diagnostics is available with the emulation backend only; no nvfp4/*"
@@ -262,8 +356,16 @@ def make_quantization(config, quant_mode_str: str = "train"):
     from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
     from maxtext_nvfp4.integration import te_quantization  # pylint: disable=import-outside-toplevel
 
-    return te_quantization.make_te_quantization(quantizations.TransformerEngineQuantization, config, s,
-                                                plan_lib.FpropPlan(settings=s, locator=locator))
+    te_quant = te_quantization.make_te_quantization(quantizations.TransformerEngineQuantization, config, s,
+                                                    plan_lib.FpropPlan(settings=s, locator=locator))
+    if moe_layers(config):  # nvfp4_backend=auto (te was refused by check_model): experts emulated
+      _log_once("maxtext-nvfp4: MoE expert GEMMs run emulated (TE JAX has no NVFP4 grouped GEMM); attention"
+                " and dense projections on TE")
+      experts = _quantization_class()(settings=s, num_layers=int(config.num_decoder_layers),
+                                      locator=dataclasses.replace(locator, counts={}),
+                                      switch_step=s.switch_step(config.steps))
+      object.__setattr__(te_quant, "einsum", experts.einsum)
+    return te_quant
   diag_interval = 0
   if s.diagnostics:
     from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
