@@ -96,6 +96,18 @@ def trained_params(items):
   return checkpoint.read_params(items)
 
 
+def nested(params):
+  """``{"params-decoder-...": array}`` -> the checkpoint's ``{"params": {"decoder": ...}}`` tree."""
+  tree: dict = {}
+  for key, value in params.items():
+    d = tree
+    *parents, leaf = key.split("-")
+    for part in parents:
+      d = d.setdefault(part, {})
+    d[leaf] = value
+  return tree
+
+
 def hf_layout(p, layer):
   """The trained MaxText kernels of one layer in HF ``[out, in]`` layout (written from HF's Llama
   convention: q scaled by sqrt(head_dim) because MaxText folds 1/sqrt(head_dim) into the query kernel)."""
@@ -240,6 +252,17 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
   mt_logits = checkpoint.maxtext_logits(config, _to_maxtext(w), tokens)
   assert np.abs(hf_logits).max() > 1.0
   np.testing.assert_allclose(hf_logits, mt_logits, atol=2e-4 * np.abs(mt_logits).max(), rtol=0)
+  # The round trip above cannot see a layout error that hf_layout and its inverse share (e.g. the same
+  # permutation of q and k rows). Ground truth: MaxText's forward of the trained checkpoint itself vs the
+  # HF forward of the exporter's conversion of it, and that conversion is hf_layout bit for bit (the
+  # layout the bit-for-bit test quantizes).
+  model = checkpoint.to_hf(checkpoint.find_items(os.path.join(exported["out"], "run", "checkpoints")), config)
+  for i in range(NL):
+    for name, a in hf_layout(exported["trained"], i).items():
+      np.testing.assert_array_equal(model.tensors[f"model.layers.{i}.{name}.weight"], a, err_msg=name)
+  mt_trained = checkpoint.maxtext_logits(config, nested(exported["trained"]), tokens)
+  hf_trained = np.asarray(serving.llama_forward(model.tensors, shape, tokens)[0])
+  np.testing.assert_allclose(hf_trained, mt_trained, atol=2e-4 * np.abs(mt_trained).max(), rtol=0)
 
 
 # ---- errors ---------------------------------------------------------------------------------------
@@ -280,14 +303,7 @@ def evaluated(exported):
   # MaxText's own eval loss of the checkpoint on the same batches: its forward (bf16 compute, as the run
   # trained) and its loss (cross-entropy over targets_segmentation != 0, summed / token count).
   config = checkpoint.load_config(_overrides(out, quantization=""))
-  params = exported["trained"]
-  tree: dict = {}
-  for key, value in params.items():
-    d = tree
-    *parents, leaf = key.split("-")
-    for part in parents:
-      d = d.setdefault(part, {})
-    d[leaf] = value
+  tree = nested(exported["trained"])
   total, count = 0.0, 0.0
   for b in checkpoint.eval_batches(config, 2):
     logits = checkpoint.maxtext_logits(config, tree, b["inputs"], b["inputs_position"], b["inputs_segmentation"])
