@@ -34,6 +34,7 @@ FILES = {
     "cycle_b.yml": "base_config: cycle_a.yml\n",
     "bad_value.yml": "base_config: base.yml\nquantization: nvfp4\nnvfp4_targets: everything\n",
     "bad_interp.yml": "base_config: base.yml\nrun_name: ${no_such_key}\n",
+    "bad_type.yml": "base_config: base.yml\nenable_checkpointing: maybe\n",
     "ok.yml": "base_config: base.yml\nquantization: nvfp4\nscan_layers: false\nbase_num_decoder_layers: 4\n",
     "sub/.keep": "",
 }
@@ -69,6 +70,8 @@ ROWS = [
     ("train-switch-after-end", ["train", "ok.yml", "steps=10", "nvfp4_switch_at_step=20"],
      ["nvfp4_switch_at_step=20", "steps=10"]),
     ("train-bool-not-bool", ["train", "ok.yml", "nvfp4_rht=maybe"], ["nvfp4_rht='maybe'", "true or false"]),
+    ("train-maxtext-int", ["train", "ok.yml", "steps=abc"], ["steps='abc'", "valid integer"]),
+    ("train-maxtext-bool-in-file", ["train", "bad_type.yml"], ["enable_checkpointing='maybe'", "valid boolean"]),
     ("train-env-and-cli", ["train", "ok.yml", "steps=3"], ["steps", "M_STEPS"]),
     ("train-bad-env", ["train", "ok.yml"], ["M_STEPS='many'", "int"]),
     ("train-model-key-clash", ["train", "ok.yml", "model_name=llama2-7b", "base_emb_dim=64"],

@@ -105,3 +105,12 @@ def test_start_up_lines_reach_the_console_once(capsys, caplog):
     quantization._log_once(text)  # pylint: disable=protected-access
   assert capsys.readouterr().out.count(text) == 1
   assert not [r for r in caplog.records if text in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", [os.path.basename(p)[:-4] for p in recipes.list_recipes()])
+def test_type_check_accepts_every_packaged_recipe(name):
+  """The start-up type check may refuse only what MaxText refuses: every packaged recipe passes it."""
+  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+
+  r = recipes.resolve([name])
+  assert plugin.field_error(r.values, list(r.sources)) is None

@@ -142,6 +142,40 @@ def unknown_key_error(key: str, where: str = "") -> settings_lib.SettingsError:
   return settings_lib.SettingsError(f"unknown config key {key!r}{' ' + where if where else ''}; {fix}")
 
 
+# Keys pyconfig._prepare_for_pydantic or a "before" validator rewrites before pydantic sees them: their raw
+# value may legitimately fail the bare annotation, so only MaxText itself judges them.
+_REWRITTEN_KEYS = frozenset({
+    "logical_axis_rules", "data_sharding", "train_data_columns", "eval_data_columns", "trainable_parameters_mask",
+    "adamw_mask", "tokenizer_path", "run_name", "dump_hlo_local_module_name", "dump_hlo_module_name",
+    "constant_bound_config", "quantization"})
+
+
+def field_error(values, keys) -> settings_lib.SettingsError | None:
+  """The first of ``keys`` whose value in ``values`` fails its own ``MaxTextConfig`` field type, as one line
+  (``steps='abc': Input should be a valid integer``), else None.
+
+  Field types only (no model validators, which depend on the whole config MaxText builds), and only for
+  plain top-level fields whose value MaxText passes to pydantic unchanged: a check that can refuse only
+  what MaxText's own validation refuses.
+  """
+  import pydantic  # pylint: disable=import-outside-toplevel
+  from maxtext.configs import types  # pylint: disable=import-outside-toplevel
+
+  fields = types.MaxTextConfig.model_fields
+  for key in keys:
+    value = values.get(key)
+    if key not in fields or key in _REWRITTEN_KEYS or value is None or (isinstance(value, str) and value.lower()
+                                                                         in ("", "none")):
+      continue
+    try:
+      pydantic.TypeAdapter(fields[key].annotation).validate_python(value)
+    except pydantic.ValidationError as e:
+      return settings_lib.SettingsError(f"{key}={value!r}: {e.errors()[0]['msg']}")
+    except Exception:  # pylint: disable=broad-exception-caught  (an annotation TypeAdapter cannot build)
+      continue
+  return None
+
+
 def validate_config(config) -> None:
   """Cross-key checks for ``quantization=nvfp4`` (one-line :class:`SettingsError`/``BackendError``)."""
   if not _is_nvfp4(config):

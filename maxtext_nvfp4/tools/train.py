@@ -10,7 +10,8 @@ by :mod:`maxtext_nvfp4.tools.recipes` exactly as MaxText will read it. Before Ma
 backend, nothing compiled, nothing written), the command line is checked and every problem ends the
 process with ONE line on stderr and exit code 2: a recipe that is missing, unreadable, a folder, not
 ``.yml``, not YAML or not a mapping; a token that is not ``key=value``; a config key MaxText does not
-know (with "did you mean"); a local grain dataset that matches no file (for the demo data: how to
+know (with "did you mean"); a value of the wrong type for its MaxText field (``steps=abc``); an invalid
+``nvfp4_*`` value; a local grain dataset that matches no file (for the demo data: how to
 build it); hardware the recipe needs (with the proxy to use instead).
 
 Conveniences over calling MaxText directly:
@@ -158,6 +159,10 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
       src = resolved.sources.get(key, "")
       where = "on the command line" if src == "command line" else f"(set in {src})" if src else ""
       raise plugin.unknown_key_error(key, where)
+  maxtext_base = os.path.join(recipes.maxtext_configs_dir(), "base.yml")  # its values are MaxText's own
+  bad_type = plugin.field_error(cfg, [k for k, src in resolved.sources.items() if src != maxtext_base])
+  if bad_type is not None:
+    raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
   problem = (nvfp4 and recipes.settings_error(cfg)) or hardware_error(args, cfg) or recipes.missing_data_error(cfg)
   if problem:
