@@ -34,7 +34,7 @@ def test_budget_fits_eight_minutes_and_leaves_room_in_one_call():
   assert sum(plan.values()) == total <= 8 * 60
   timeout_s = int(re.search(r"timeout_s=(\d+)", p.stdout).group(1))
   assert total < timeout_s <= 600  # one device command may run at most 10 minutes
-  assert 'carry=[".whl", ".stub", ".golden"]' in p.stdout
+  assert 'carry=[".whl", ".stub"]' in p.stdout
 
 
 def test_budget_follows_stage_choice_and_limit_overrides():

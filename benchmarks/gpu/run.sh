@@ -22,10 +22,10 @@
 #   bash benchmarks/gpu/run.sh --budget         print the planned stages, limits and estimates; run nothing
 #   bash benchmarks/gpu/run.sh --cpu [OUT_DIR]  the same stages at tiny sizes on CPU (proves the script)
 #   bash benchmarks/gpu/run.sh --prepare        here, with network: build .whl/ and .stub/ (the shared
-#                                               make_wheel_bundle.sh), copy the golden vectors to .golden/,
-#                                               check what travels against the 64 MiB limit
+#                                               make_wheel_bundle.sh) and check what travels against the
+#                                               64 MiB limit (the golden vectors travel in tests/golden/)
 # Then, with the device tool: run(command="bash benchmarks/gpu/run.sh", timeout_s=540,
-#                                 carry=[".whl", ".stub", ".golden"])      (+ ".jaxcache", see below)
+#                                 carry=[".whl", ".stub"])      (+ ".jaxcache", see below)
 # Choose stages with STAGES="tests mlp" (setup and env always run); change a limit with T_MLP=150 etc.
 # Results: logs and JSON under OUT_DIR (default ./bench_out). On the device (OUT set by the tool, no
 # OUT_DIR given) they are written to /tmp/bench_work and packed after every stage into $OUT/bench.tgz
@@ -95,7 +95,7 @@ if [ "$ACTION" = budget ]; then
   printf "%-6s %8s %11s  %s\n" total "$PLANNED" "$tot_e" "budget ${BUDGET_S} s (BUDGET_S); summary and packing add ~5 s"
   [ "$MODE" = cpu ] && { echo "(--cpu runs every stage at tiny sizes: the 'what' column names the GPU sizes)"; exit 0; }
   commit=$(git rev-parse --short HEAD 2>/dev/null)$(git diff --quiet HEAD -- 2>/dev/null || echo +dirty)
-  echo "device call: run(command=\"BENCH_COMMIT=$commit bash benchmarks/gpu/run.sh\", timeout_s=$((BUDGET_S + 60)), carry=[\".whl\", \".stub\", \".golden\"])"
+  echo "device call: run(command=\"BENCH_COMMIT=$commit bash benchmarks/gpu/run.sh\", timeout_s=$((BUDGET_S + 60)), carry=[\".whl\", \".stub\"])"
   echo "(the device's copy of the tree may lack .git: BENCH_COMMIT records which commit ran)"
   exit 0
 fi
@@ -105,10 +105,8 @@ if [ "$ACTION" = prepare ]; then
   exclude=$(git rev-parse --git-path info/exclude)
   mkdir -p "$(dirname "$exclude")"  # make_wheel_bundle.sh appends to .git/info/exclude and fails without the folder
   bash "$SHARED/device/make_wheel_bundle.sh" || { echo "run.sh --prepare: $SHARED/device/make_wheel_bundle.sh failed" >&2; exit 1; }
-  for d in /.golden/ /.jaxcache/; do grep -qxF "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"; done
-  mkdir -p .golden && cp -f "$SHARED/golden/nvfp4_golden_public.npz" .golden/ \
-    || { echo "run.sh --prepare: no golden vectors at $SHARED/golden (the GPU tests would skip them)" >&2; exit 1; }
-  carry=".whl .stub .golden"
+  grep -qxF /.jaxcache/ "$exclude" 2>/dev/null || echo /.jaxcache/ >> "$exclude"
+  carry=".whl .stub"
   [ -d .jaxcache ] && carry="$carry .jaxcache"
   tracked=$(git ls-files -z | du -c --files0-from=- -b 2>/dev/null | tail -1 | cut -f1)
   untracked=$(git ls-files -z --others --exclude-standard | du -c --files0-from=- -b 2>/dev/null | tail -1 | cut -f1)
@@ -140,7 +138,6 @@ export JAX_COMPILATION_CACHE_DIR=$CACHE JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SE
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
 # Keep XLA from grabbing 75% of HBM up front, so peak_bytes_in_use reflects what each run really needs.
 export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
-[ -d "$ROOT/.golden" ] && export NVFP4_GOLDEN_DIR=${NVFP4_GOLDEN_DIR:-$ROOT/.golden}
 if [ "$MODE" = cpu ]; then PLATFORM=cpu; else PLATFORM=cuda; fi
 : > "$WORK/status.txt"
 
