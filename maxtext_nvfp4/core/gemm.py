@@ -211,25 +211,47 @@ def _quantize_grouped(fn, a, groups: tuple[int, int], key=None):
   return jax.vmap(jax.vmap(fn))(parts, keys)
 
 
-def _grouped_dot(a, amax_a, b, amax_b, out_dtype):
-  """a (M, K) · b (K, N) with amax grids ``amax_a`` (gm, gka) and ``amax_b`` (gkb, gn) (see AmaxGroups).
+def _batched_dot_f32(a3, b3):
+  """(g, m, k) x (g, k, n) -> (g, m, n) with fp32 accumulation of the exact bf16 block-value products.
 
-  Contraction groups ``g = max(gka, gkb)``: ``p_g = cast(acc_g * gemm_alpha(...))``, summed in ``out_dtype``
-  in group order. With every grid (1, 1) this is ``cast(acc * gemm_alpha(amax_a, amax_b))``.
+  XLA:CPU has no batched bf16 x bf16 -> f32 dot: there the operands are widened first (exact: the values
+  are bf16, their products exact in fp32, so the result is the same).
   """
-  m, k = a.shape
-  n = b.shape[1]
-  gk = max(amax_a.shape[1], amax_b.shape[0])
-  rows = jnp.repeat(amax_a, m // amax_a.shape[0], 0)  # (m, gka): each row's amax per a-column block
-  cols = jnp.repeat(amax_b, n // amax_b.shape[1], 1)  # (gkb, n)
-  out = None
-  for g in range(gk):
-    k0, k1 = g * k // gk, (g + 1) * k // gk
-    acc = lax.dot_general(a[:, k0:k1], b[k0:k1], (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    alpha = gemm_alpha(rows[:, g * amax_a.shape[1] // gk, None], cols[None, g * amax_b.shape[0] // gk, :])
-    part = (acc * alpha).astype(out_dtype)
-    out = part if out is None else (out + part).astype(out_dtype)
+  dims = (((2,), (1,)), ((0,), (0,)))
+  native = lambda: lax.dot_general(a3, b3, dims, preferred_element_type=jnp.float32)  # noqa: E731
+  widened = lambda: lax.dot_general(a3.astype(jnp.float32), b3.astype(jnp.float32), dims,  # noqa: E731
+                                    precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+  return lax.platform_dependent(cpu=widened, default=native)
+
+
+def _grouped_dot(a3, amax_a, b3, amax_b, out_dtype):
+  """The GEMM of operands with amax grids, per contraction group (see AmaxGroups).
+
+  ``a3`` (g, m, k/g) and ``b3`` (g, k/g, n): the operands cut into the ``g`` contraction groups along a
+  leading axis (aligned with the shards, so each device multiplies its own blocks). ``amax_a`` (gm, gka)
+  and ``amax_b`` (gkb, gn) are the amax grids over (rows, contraction) and (contraction, columns), ``g`` a
+  multiple of gka and gkb. ``p_g = cast(acc_g * gemm_alpha(...))``, summed in ``out_dtype`` in group order.
+  """
+  g, m, n = a3.shape[0], a3.shape[1], b3.shape[2]
+  rows = jnp.repeat(jnp.repeat(amax_a, m // amax_a.shape[0], 0), g // amax_a.shape[1], 1).T  # (g, m)
+  cols = jnp.repeat(jnp.repeat(amax_b, g // amax_b.shape[0], 0), n // amax_b.shape[1], 1)  # (g, n)
+  parts = (_batched_dot_f32(a3, b3) * gemm_alpha(rows[:, :, None], cols[:, None, :])).astype(out_dtype)
+  out = parts[0]
+  for i in range(1, g):
+    out = (out + parts[i]).astype(out_dtype)
   return out
+
+
+def _contraction_groups(v, axis: int, g: int, lhs: bool):
+  """2D ``v`` contracted along ``axis`` -> (g, m, k/g) (``lhs``) or (g, k/g, n): a reshape and transpose
+  that keep each contraction group's shard where it is."""
+  if axis == 1:
+    r, k = v.shape
+    v3 = v.reshape(r, g, k // g).transpose(1, 0, 2)  # (g, r, k/g)
+    return v3 if lhs else v3.transpose(0, 2, 1)
+  k, c = v.shape
+  v3 = v.reshape(g, k // g, c)  # (g, k/g, c)
+  return v3.transpose(0, 2, 1) if lhs else v3
 
 
 def _scaled_dot(a, b, contract, alpha, out_dtype):
@@ -290,13 +312,14 @@ def _nvfp4_dot(qa, qb, contract, out_dtype):
   (va, amax_a), (vb, amax_b) = _gemm_view(qa), _gemm_view(qb)
   if amax_a.ndim == 0 and amax_b.ndim == 0:
     return _scaled_dot(va, vb, contract, gemm_alpha(amax_a, amax_b), out_dtype)
-  grid = lambda amax: jnp.reshape(amax, (1, 1)) if amax.ndim == 0 else amax
-  amax_a, amax_b = grid(amax_a), grid(amax_b)
-  if contract[0] == 0:  # wgrad: xᵀ · dy
-    va, amax_a = va.T, amax_a.T
-  if contract[1] == 1:  # dgrad: dy · Wᵀ
-    vb, amax_b = vb.T, amax_b.T
-  return _grouped_dot(va, amax_a, vb, amax_b, out_dtype)
+  grid = lambda amax: jnp.reshape(amax, (1, 1)) if amax.ndim == 0 else amax  # noqa: E731
+  # Grids as (rows, contraction) for a and (contraction, columns) for b.
+  amax_a = grid(amax_a).T if contract[0] == 0 else grid(amax_a)  # wgrad: xᵀ · dy
+  amax_b = grid(amax_b).T if contract[1] == 1 else grid(amax_b)  # dgrad: dy · Wᵀ
+  g = max(amax_a.shape[1], amax_b.shape[0])
+  a3 = _contraction_groups(va, contract[0], g, lhs=True)
+  b3 = _contraction_groups(vb, contract[1], g, lhs=False)
+  return _grouped_dot(a3, amax_a, b3, amax_b, out_dtype)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
