@@ -48,6 +48,12 @@ deterministic, so saving and re-quantizing give the same bits. Operands used by 
 fprop, dy for dgrad and for wgrad) go through ``numerics.quantize_values``: the same block values, bit
 for bit, without the 4-bit packing and decode.
 
+Amax scope: with ``amax_groups`` (:class:`AmaxGroups`, ``nvfp4_amax_scope: te``) each operand is cut into
+the blocks TE's ``dense`` gives their own amax on the run's mesh (x and dy: one per device; W: one per
+tensor-parallel shard), each block is quantized alone, and each partial product over a sharded contraction
+is scaled by its own alpha and the partials are summed in the output dtype. Blocks are contiguous and
+aligned with the shards, so this needs no communication beyond that sum. Without it: one amax per tensor.
+
 Late switch: with ``switched`` and a traced boolean ``use_switched``, each pass whose settings differ
 between the two recipes is a ``lax.cond`` between both, so flipping the flag never recompiles
 (``use_switched`` may be a Python bool too; it is converted to an array, so it never specializes).
