@@ -22,6 +22,7 @@ RUNNABLE = [
     "demo_bf16", "demo_nvfp4", "demo_nvfp4_paper",
     "llama3_8b_bf16", "llama3_8b_fp8", "llama3_8b_nvfp4", "llama3_8b_fp8_c4", "llama3_8b_nvfp4_c4",
     "llama3.1_405b_fp8", "llama3.1_405b_nvfp4", "proxy_1gpu_fp8", "proxy_1gpu_nvfp4",
+    "demo_moe_bf16", "demo_moe_nvfp4", "proxy_1gpu_moe_fp8", "proxy_1gpu_moe_nvfp4",
 ]
 ARCH_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers", "base_mlp_dim",
              "head_dim", "vocab_size", "enable_dropout", "logits_via_embedding", "normalization_layer_epsilon",

@@ -66,6 +66,12 @@ PAIRS: dict[str, Pair] = {p.name: p for p in (
     Pair(name="proxy_1gpu", baseline_recipe="proxy_1gpu_fp8.yml", nvfp4_recipe="proxy_1gpu_nvfp4.yml",
          baseline_label="fp8", published=False,
          description="single-GPU proxy (small Llama fitting one H100/H200), FP8 vs NVFP4"),
+    Pair(name="demo_moe", baseline_recipe="demo_moe_bf16.yml", nvfp4_recipe="demo_moe_nvfp4.yml",
+         baseline_label="bf16", published=False,
+         description="CPU MoE demo: tiny Mixtral-style model, bf16 vs emulated NVFP4 (experts per expert)"),
+    Pair(name="proxy_1gpu_moe", baseline_recipe="proxy_1gpu_moe_fp8.yml", nvfp4_recipe="proxy_1gpu_moe_nvfp4.yml",
+         baseline_label="fp8", published=False,
+         description="single-GPU MoE proxy (Mixtral-style ~1.1B, 8 experts top-2, one H100/H200), FP8 vs NVFP4"),
 )}
 
 TRAIN_MODULE = "maxtext_nvfp4.train"
