@@ -56,6 +56,7 @@ def te_amax_groups(lhs_ndim: int, dimension_numbers, kernel_axes: tuple, role: s
                                   w_n=[w_spec[d] for d in range(len(kernel_axes)) if d not in rc])
   from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (cycle)
 
-  quantization._log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {sizes}: {role or kernel_axes} amax blocks"  # pylint: disable=protected-access
+  shown = {a: n for a, n in sizes.items() if n > 1}
+  quantization._log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} amax blocks"  # pylint: disable=protected-access
                         f" {amax_scope.describe(groups)}")
   return None if groups.trivial else groups
