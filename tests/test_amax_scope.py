@@ -57,10 +57,19 @@ def maxtext_rules():
 def test_maxtext_shardings_give_te_scopes(maxtext_rules, mesh, kernel_axes, want):
   names, sizes = zip(*mesh)
   with jax.sharding.use_abstract_mesh(AbstractMesh(sizes, names)), nn_partitioning.axis_rules(maxtext_rules):
-    assert mesh_scope.te_amax_groups(3, MLP_IN, kernel_axes, "role") == want
+    assert mesh_scope.te_amax_groups((8, 64, 128), (128, 256), MLP_IN, kernel_axes, "role") == want
 
 
 def test_no_mesh_or_one_device_is_the_global_scope(maxtext_rules):
-  assert mesh_scope.te_amax_groups(3, MLP_IN, ("embed", "mlp")) is None
+  shapes = ((8, 64, 128), (128, 256))
+  assert mesh_scope.te_amax_groups(*shapes, MLP_IN, ("embed", "mlp")) is None
   with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("fsdp",))), nn_partitioning.axis_rules(maxtext_rules):
-    assert mesh_scope.te_amax_groups(3, MLP_IN, ("embed", "mlp")) is None
+    assert mesh_scope.te_amax_groups(*shapes, MLP_IN, ("embed", "mlp")) is None
+
+
+def test_blocks_te_would_refuse_fall_back_to_one_amax_with_a_warning(maxtext_rules, caplog):
+  # 4 devices, 2 x 8 tokens: 4 tokens per device, not a multiple of 16 (TE refuses it; te_limits says so).
+  with jax.sharding.use_abstract_mesh(AbstractMesh((4,), ("fsdp",))), nn_partitioning.axis_rules(maxtext_rules):
+    assert mesh_scope.te_amax_groups((2, 8, 128), (128, 256), MLP_IN, ("embed", "mlp"), "wi_0") is None
+    assert mesh_scope.te_amax_groups((8, 64, 128), (128, 256), MLP_IN, ("embed", "mlp"), "wi_0") == AmaxGroups(tokens=4)
+  assert any("x rows 16/4" in r.getMessage() and "one amax per tensor" in r.getMessage() for r in caplog.records)

@@ -30,12 +30,19 @@ _ACTIVATION_OF_KERNEL_AXIS = {
 }
 
 
-def te_amax_groups(lhs_ndim: int, dimension_numbers, kernel_axes: tuple, role: str = ""):
+def te_amax_groups(lhs_shape: tuple, rhs_shape: tuple, dimension_numbers, kernel_axes: tuple, role: str = ""):
   """The ``te`` scope's ``AmaxGroups`` for ``lax.dot_general(lhs, kernel, dimension_numbers)`` on the
-  current mesh, or None (no mesh, one device, batch dims, or no kernel axes)."""
+  current mesh, or None (no mesh, one device, batch dims, or no kernel axes).
+
+  Also None, with a warning logged once, when a per-device block is not a multiple of 16 along a block
+  axis: TE refuses such a GEMM anyway (``te_limits``), and the emulation then zero-pads it with one amax
+  per tensor instead of failing.
+  """
+  import math  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
 
+  lhs_ndim = len(lhs_shape)
   mesh = jax.sharding.get_abstract_mesh()
   (lc, rc), (lb, _) = dimension_numbers
   if mesh.empty or mesh.size == 1 or lb or not kernel_axes:
@@ -57,6 +64,17 @@ def te_amax_groups(lhs_ndim: int, dimension_numbers, kernel_axes: tuple, role: s
   from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (cycle)
 
   shown = {a: n for a, n in sizes.items() if n > 1}
+  m, k = math.prod(lhs_shape[d] for d in rows), math.prod(lhs_shape[d] for d in lc)
+  n = math.prod(rhs_shape[d] for d in range(len(rhs_shape)) if d not in rc)
+  blocks = {"x rows": (m, groups.tokens), "x K": (k, groups.x_k), "W K": (k, groups.w_k), "W N": (n, groups.w_n),
+            "dy N": (n, groups.dy_n)}
+  bad = [f"{name} {size}/{g}" for name, (size, g) in blocks.items() if size % g or (size // g) % 16]
+  if bad:
+    quantization._log_once(  # pylint: disable=protected-access
+        f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} per-device blocks"
+        f" ({', '.join(bad)}) are not multiples of 16 (TE refuses this GEMM); it runs with one amax per tensor",
+        warn=True)
+    return None
   quantization._log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} amax blocks"  # pylint: disable=protected-access
                         f" {amax_scope.describe(groups)}")
   return None if groups.trivial else groups

@@ -111,7 +111,7 @@ def _linen_module_class():
       if self.amax_scope == "te":
         from maxtext_nvfp4.integration import mesh_scope  # pylint: disable=import-outside-toplevel
 
-        groups = mesh_scope.te_amax_groups(lhs.ndim, dimension_numbers, self.kernel_axes, self.role)
+        groups = mesh_scope.te_amax_groups(lhs.shape, rhs.shape, dimension_numbers, self.kernel_axes, self.role)
       out = gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
                              use_switched=use_switched, key=key, preferred_element_type=preferred_element_type,
                              amax_groups=groups)
