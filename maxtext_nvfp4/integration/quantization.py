@@ -270,7 +270,10 @@ def precision_table_text(config) -> str:
   head = (f"maxtext-nvfp4: decoder GEMM precisions (targets={s.targets}, keep_first={s.keep_first_layers},"
           f" keep_last={s.keep_last_layers}, fallback={s.fallback}"
           + (f", switch at step {switch} to {s.switch_to} scope={s.switch_scope})" if switch is not None else ")"))
-  return head + "\n" + plan_lib.format_precision_table(rows, switch_step=switch)
+  moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's einsums in high"
+         " precision; expert_* = one GEMM per expert (own amax per expert weight and per expert token group)"
+         if moe_layers(config) else "")
+  return head + "\n" + plan_lib.format_precision_table(rows, switch_step=switch) + moe
 
 
 def _value(x) -> str:
