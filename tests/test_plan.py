@@ -147,5 +147,6 @@ def test_locator_places_router_and_experts_in_moe_layers():
   assert got == [(1, "router"), (3, "router"), (1, "expert_wi_0"), (1, "expert_wi_1"), (1, "expert_wo"),
                  (3, "expert_wi_0"), (3, "expert_wi_1"), (3, "expert_wo"), (1, "expert_wi_0")]  # next trace wraps
   assert plan.signature_roles(("exp", None, "mlp"), 2) == ("expert_wi_0", "expert_wi_1")  # capacity form
+  assert plan.signature_roles(("embed_attn", "qkv", "heads", "kv"), 1) == ("qkv_proj",)  # gpt3's fused QKV
   with pytest.raises(plan.settings_lib.SettingsError, match=r"kernel axes \('exp', 'embed_moe'\)"):
     plan.signature_roles(("exp", "embed_moe"), 2)

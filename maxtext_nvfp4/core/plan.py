@@ -202,6 +202,7 @@ SIGNATURES = {
     ("embed_attn", "q_heads", "kv"): ("query",),
     ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
     ("embed_attn", "heads", "kv"): ("qkv_proj",),
+    ("embed_attn", "qkv", "heads", "kv"): ("qkv_proj",),  # fused_qkv (gpt3): one tensor for q, k and v
     ("embed_attn", "q_lora_up_proj"): ("q_a",),
     ("q_lora", "q_heads", "kv"): ("q_b",),
     ("embed_attn", "kv_lora_up_proj"): ("kv_a",),
