@@ -306,7 +306,7 @@ def _roles_of(config):
   def roles(layer):
     is_moe = bool(moe) and (layer is None or layer in moe)
     return plan_lib.decoder_roles(num_activations=len(config.mlp_activations), fused_mlp=bool(config.fused_mlp),
-                                  fused_qkv=bool(config.fused_qkv), mla=mla, q_lora=int(config.q_lora_rank) > 0,
+                                  fused_qkv=bool(config.fused_qkv), mla=mla, q_lora=int(getattr(config, "q_lora_rank", 0) or 0) > 0,
                                   dense_mlp=not is_moe or shared, moe=is_moe)
   return roles
 
