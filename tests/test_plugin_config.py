@@ -153,8 +153,10 @@ def test_train_cli_config_error_exits_2_with_one_line():
                        timeout=300, check=False)
   assert out.returncode == 2, out.stderr[-3000:]
   assert "Traceback" not in out.stderr, out.stderr[-3000:]
-  line = out.stderr.strip().splitlines()[-1]
-  assert line.startswith("MAXTEXT CONFIG ERROR: nvfp4_targets='ffn'") and "'mlp'" in line, line
+  lines = out.stderr.strip().splitlines()
+  # Refused by the train command's own settings check, before MaxText starts: exactly one line.
+  assert len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].startswith("maxtext-nvfp4 train: error: nvfp4_targets='ffn'") and "mlp" in lines[0], lines[0]
 
 
 
