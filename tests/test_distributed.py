@@ -1,6 +1,7 @@
 """Multi-process training on localhost: 2 processes x 4 CPU devices (jax.distributed via the local launcher and
 MaxText's hardware=gpu_multiprocess) train the demo NVFP4 recipe; both processes report the same loss, equal to a
-single-process 8-device run.
+single-process 8-device run; the same run with nvfp4_amax_scope=global (one amax per tensor instead of TE's
+per-device / per-shard scopes) gives different, finite losses.
 
 Data: synthetic. With grain, each process reads its own share of the parquet files/rows, so the *composition* of
 the global batch depends on the process count and a 1-process run would see different examples; MaxText's
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -92,6 +94,18 @@ def test_two_processes_agree_with_each_other_and_with_one_process(tmp_path):
   assert all(d <= 1e-4 * abs(one[s]) for s, d in diffs.items()), diffs
   # The run really trained (the loss moved).
   assert one[STEPS - 1] != one[0]
+
+  # nvfp4_amax_scope: the runs above use the default, te (x and dy amax per device, W per tensor-parallel
+  # shard over fsdp). The same 8-device run with one amax per tensor (global) quantizes differently.
+  glob = subprocess.run([*_trainer_cmd(), *common, "run_name=global", "nvfp4_amax_scope=global",
+                         f"metrics_file={out}/global.jsonl"],
+                        env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), capture_output=True,
+                        text=True, timeout=500)
+  assert glob.returncode == 0, glob.stdout[-3000:] + glob.stderr[-3000:]
+  g = _losses(str(out / "global.jsonl"))
+  assert sorted(g) == list(range(STEPS)) and all(math.isfinite(v) for v in [*g.values(), *one.values()])
+  print(f"losses 1x8 te scope: {one}\nlosses 1x8 global scope: {g}")
+  assert any(g[s] != one[s] for s in range(1, STEPS)), (g, one)
 
 
 def _q(s: str) -> str:
