@@ -41,7 +41,6 @@ The requirement of a config is the maximum over the rules it triggers.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import glob
 import os
 import re
@@ -366,14 +365,6 @@ def _env_value(key: str, raw: str, current: Any) -> Any:
 def load_recipe(path: str) -> dict[str, Any]:
   """Effective keys of one recipe file (its chain down to MaxText's ``base.yml``), no overrides."""
   return dict(resolve([path]).values)
-
-
-def unknown_key_message(key: str, known: Sequence[str], *, where: str = "") -> str:
-  """One line for a config key MaxText does not know, with the closest known keys (difflib) as the fix."""
-  close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.75)
-  fix = (f"did you mean {' or '.join(repr(c) for c in close)}?" if close
-         else "see docs/usage.md for the nvfp4_* keys and MaxText's base.yml for the others")
-  return f"unknown config key {key!r}{(' ' + where) if where else ''}; {fix}"
 
 
 def settings_error(values: Mapping[str, Any]) -> str | None:
