@@ -23,6 +23,12 @@ F32_EPS = 2.0**-24
 NO_SR = gemm.GemmRecipe(stochastic_rounding=False)
 
 
+# The jax that pyproject pins: tests of XLA's compiled HLO hold for its XLA (the H200 image's 0.11.2 differs).
+_PINNED_JAX = "0.12.0.1"
+# TE JAX's GEMM alpha, written as in transformer_engine/jax/cpp_extensions/gemm.py and compiled by XLA.
+_TE_ALPHA_COMPILED = jax.jit(lambda a, b: (a / jnp.float32(2688.0)) * (b / jnp.float32(2688.0)))
+
+
 def _rand(seed, shape, dtype=jnp.float32, scale=1.0):
   return (jax.random.normal(jax.random.key(seed), shape, jnp.float32) * scale).astype(dtype)
 
@@ -134,13 +140,14 @@ def test_single_k_block_is_bit_exact_with_te_alpha():
   assert np.array_equal(exact.astype(np.float32).astype(np.float64), exact)  # representable: order-free
   alpha = np.float32(_TE_ALPHA_COMPILED(qx.amax, qw.amax))
   # These seeds were picked so the PyTorch-reference alpha differs by an ulp: the test tells them apart.
-  assert alpha != np.float32(qx.amax) * np.float32(qw.amax) / np.float32(2688.0 * 2688.0)
+  # (A fact of the pinned jax's XLA: 0.11.2's folds the scalar product differently, and gives PyTorch's
+  # value for these seeds -- the bitwise check of y below holds on both.)
+  if jax.__version__ == _PINNED_JAX:
+    assert alpha != np.float32(qx.amax) * np.float32(qw.amax) / np.float32(2688.0 * 2688.0)
   want = exact.astype(np.float32) * np.float32(alpha)
   np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
 
 
-# TE JAX's GEMM alpha, written as in transformer_engine/jax/cpp_extensions/gemm.py and compiled by XLA.
-_TE_ALPHA_COMPILED = jax.jit(lambda a, b: (a / jnp.float32(2688.0)) * (b / jnp.float32(2688.0)))
 
 
 def _lognormal_amaxes(seed, n=100_000):
@@ -165,6 +172,8 @@ def test_gemm_alpha_is_te_alpha_as_compiled_bit_for_bit():
                                 want[:1000].view(np.uint32))
 
 
+@pytest.mark.skipif(jax.__version__ != _PINNED_JAX, reason=f"pins the HLO of the XLA in jax {_PINNED_JAX}"
+                    " (pyproject); test_gemm_alpha_is_te_alpha_as_compiled_bit_for_bit is the version-free check")
 def test_xla_rewrites_division_by_constant_as_reciprocal_multiply():
   """The XLA fact gemm_alpha relies on: ``a / 2688.`` compiles to ``a * fl32(1/2688)``, no divide.
 
@@ -316,7 +325,9 @@ def _fp8_ref(a, fa, b, fb):
 
 def test_per_pass_precision_selection():
   m, k, n = 32, 48, 32
-  x, w, dy = _rand(24, (m, k)), _rand(25, (k, n)), _rand(26, (m, n))
+  # fp32 inputs on the bf16 grid: a bf16 pass is then exact under any matmul precision (XLA:GPU's default
+  # for fp32 dots is TF32, which would round fp32 inputs; the bound below is for fp32 accumulation only).
+  x, w, dy = (_rand(s, sh, jnp.bfloat16).astype(jnp.float32) for s, sh in ((24, (m, k)), (25, (k, n)), (26, (m, n))))
   x64, w64, dy64 = (np.asarray(a, np.float64) for a in (x, w, dy))
   # bf16 fprop / fp8 dgrad / nvfp4 wgrad
   r = gemm.GemmRecipe(fprop="bf16", dgrad="fp8", wgrad="nvfp4", stochastic_rounding=False, rht=False)

@@ -45,6 +45,7 @@ __all__ = [
     "FLT_MAX",
     "FloatFormat",
     "bits",
+    "div_rn",
     "from_bits",
     "grid",
     "grid_index",
@@ -103,6 +104,79 @@ def pow2(e):
   return from_bits(((e + 127) << 23).astype(jnp.uint32))
 
 
+def _significand(v):
+  """``v = m * 2**(e - 23)`` for a finite ``v > 0`` (subnormals too): int32 ``m`` in [2**23, 2**24), int32 ``e``."""
+  b = bits(v)
+  e_field = ((b >> 23) & 0xFF).astype(jnp.int32)
+  frac = (b & F32_MANT_MASK).astype(jnp.int32)
+  sub = e_field == 0
+  shift = jnp.where(sub, lax.clz(frac) - 8, 0)  # a subnormal's fraction, normalized to 24 bits
+  m = jnp.where(sub, frac << shift, frac | 0x00800000)
+  return m, jnp.where(sub, -126 - shift, e_field - 127)
+
+
+def _seed_quotient(n, d):
+  """The backend's fp32 division: only a seed for :func:`div_rn` (tests replace it with a worse one)."""
+  return n / d
+
+
+def div_rn(a, b):
+  """``fl(a / b)``: the correctly rounded (IEEE RNE) fp32 quotient, subnormal results included.
+
+  For ``a >= 0`` and ``b > 0`` finite (subnormals allowed); zeros, Inf and NaN give IEEE's answers
+  (``a / 0 = inf`` for ``a > 0``). Why not ``a / b``: XLA:GPU lowers an fp32 division to PTX
+  ``div.full.f32`` (``-nvptx-prec-divf32=1``), which is 1 ulp off for about a quarter of all quotients
+  (openxla/xla#37181, #46400); TE's CUDA kernels divide with IEEE ``div.rn`` (no fast-math). This is
+  exact on every backend, with the division only as a seed:
+
+      a = Ma * 2**(ea - 23),  b = Mb * 2**(eb - 23)        24-bit integer significands
+      k = 24 if Ma < Mb else 23                              so Q = floor(Ma * 2**k / Mb) has 24 bits
+      a / b = (Ma * 2**k / Mb) * 2**(E - 23),  E = ea - eb - k + 23   (E: the quotient's exponent)
+      seed  = fl(fl(Ma * 2**k) / Mb)                         any division within a few ulps
+      r     = Ma * 2**k - seed * Mb                          exact in wrap-around uint32 arithmetic
+                                                            (the true |r| < 2**26; 2**k * Ma mod 2**32)
+      Q, r  = seed + floor(r / Mb), r mod Mb                 integer division: exact everywhere
+      RNE on (Q, r): normal E: up if 2r > Mb or (2r == Mb and Q odd); E < -126: Q's low -126 - E bits
+      are dropped, the remainder r acting as a sticky bit.
+
+  Integer and power-of-two operations only after the seed, so flush-to-zero backends (XLA:CPU) are
+  exact too. Costs ~30 integer ops per quotient: callers use it on per-block and per-tensor scales.
+  """
+  a = jnp.asarray(a, jnp.float32)
+  b = jnp.asarray(b, jnp.float32)
+  ma, ea = _significand(a)
+  mb, eb = _significand(b)
+  a_zero, b_zero = ma == 0, mb == 0  # 0 has a zero significand, a subnormal does not
+  mb = jnp.maximum(mb, 1)  # b == 0 is answered below; keep the integer division defined
+  k = jnp.where(ma < mb, 24, 23)
+  q = _seed_quotient(ma.astype(jnp.float32) * pow2(k), mb.astype(jnp.float32)).astype(jnp.int32)
+  n_mod = ma.astype(jnp.uint32) << k.astype(jnp.uint32)  # Ma * 2**k mod 2**32
+  r = lax.bitcast_convert_type(n_mod - q.astype(jnp.uint32) * mb.astype(jnp.uint32), jnp.int32)
+  d = jnp.floor_divide(r, mb)
+  q, r = q + d, r - d * mb  # q = floor(Ma * 2**k / Mb) in [2**23, 2**24), 0 <= r < Mb
+  e = ea - eb - k + 23
+  # Normal result: q * 2**(E - 23), rounded up once (q may become 2**24: still exact).
+  up = (2 * r > mb) | ((2 * r == mb) & ((q & 1) == 1))
+  qn = (q + up.astype(jnp.int32)).astype(jnp.float32) * np.float32(2.0**-23)
+  normal = jnp.where(e > 127, np.float32(np.inf), qn * pow2(jnp.clip(e, -126, 127)))
+  # Subnormal result: its integer encoding is q / 2**s, s = -126 - E, rounded half to even.
+  s = jnp.clip(-126 - e, 1, 25)
+  kept = q >> s
+  rem = q - (kept << s)
+  half = jnp.int32(1) << (s - 1)
+  up_s = (rem > half) | ((rem == half) & ((r > 0) | ((kept & 1) == 1)))
+  sub = from_bits((kept + up_s.astype(jnp.int32)).astype(jnp.uint32))
+  out = jnp.where(e < -126, sub, normal)
+  # (Zero tests use the significands: XLA:CPU compares subnormals as zero, and LLVM folds a masked-bits
+  # test ``(bits(a) & 0x7FFFFFFF) == 0`` back into such a float compare -- seen here, where a subnormal
+  # ``a`` then came out as 0.)
+  special = ~jnp.isfinite(a) | ~jnp.isfinite(b) | a_zero | b_zero
+  plain = jnp.where(b_zero & ~a_zero & ~jnp.isnan(a), np.float32(np.inf), a / jnp.where(b_zero, 1.0, b))
+  plain = jnp.where(a_zero & ~b_zero & ~jnp.isnan(b), np.float32(0.0), plain)
+  plain = jnp.where(a_zero & b_zero, np.float32(np.nan), plain)
+  return jnp.where(special, plain, out)
+
+
 def to_f32_exact(x):
   """Widen to fp32 without touching subnormals (a bf16 -> f32 convert may flush them)."""
   if x.dtype == jnp.bfloat16:
@@ -120,8 +194,10 @@ def round_to_format(v, fmt: FloatFormat) -> jax.Array:
   a = jnp.abs(v)
   e = ((bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
   e = jnp.maximum(e, fmt.min_normal_exp)
-  step = pow2(jnp.minimum(e, 127) - fmt.mantissa_bits)
-  r = jnp.minimum(jnp.round(a / step) * step, np.float32(fmt.max))
+  e = jnp.minimum(e, 127)
+  # a * 2**-k instead of a / 2**k: both exact, but only the product is exact by contract on XLA:GPU
+  # (its fp32 division is the approximate div.full; see div_rn).
+  r = jnp.minimum(jnp.round(a * pow2(fmt.mantissa_bits - e)) * pow2(e - fmt.mantissa_bits), np.float32(fmt.max))
   return jnp.copysign(r, v)
 
 

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext_nvfp4.core.formats import E4M3, E5M2, F32_ABS_MASK, FLT_MAX, FloatFormat, bits, from_bits, round_to_format
-from maxtext_nvfp4.core.formats import to_f32_exact
+from maxtext_nvfp4.core.formats import div_rn, to_f32_exact
 
 __all__ = ["E4M3", "E5M2", "FP8Tensor", "dequantize", "quantize", "scale_from_amax"]
 
@@ -60,7 +60,7 @@ def scale_from_amax(amax, fmt) -> jax.Array:
   """TE current scaling: ``fp8_max / amax``; FLT_MAX if that overflows; 1 if amax is 0 or non-finite."""
   f = _fmt(fmt)
   amax = jnp.asarray(amax, jnp.float32)
-  scale = np.float32(f.max) / amax
+  scale = div_rn(np.float32(f.max), amax)  # IEEE quotient on every backend (XLA:GPU divides 1 ulp off)
   scale = jnp.where(jnp.isinf(scale), np.float32(FLT_MAX), scale)
   # amax == 0 tested on the bits: a flush-to-zero compare would also catch subnormal amaxes.
   return jnp.where((bits(amax) == 0) | ~jnp.isfinite(amax), np.float32(1.0), scale)
@@ -102,7 +102,7 @@ def quantize(x, fmt="e4m3") -> FP8Tensor:
   amax_bits = jnp.max((bits(xf) & np.uint32(F32_ABS_MASK)).astype(jnp.int32)) if xf.size else jnp.int32(0)
   amax = from_bits(amax_bits)
   scale = scale_from_amax(amax, f)
-  scale_inv = np.float32(1.0) / scale
+  scale_inv = div_rn(np.float32(1.0), scale)
   scale_inv = jnp.where(jnp.isfinite(amax), scale_inv, amax)
   q = round_to_format(xf * scale, f)
   return FP8Tensor(data=q.astype(f.dtype), scale_inv=scale_inv, amax=amax, fmt=f.name)

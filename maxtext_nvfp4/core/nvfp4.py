@@ -106,6 +106,8 @@ GLOBAL_DENOM = E4M3_MAX * E2M1_MAX  # 2688
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 # E2M1 value of each 4-bit code (bit 3 sign, bits 0-2 magnitude index): the decode table of float4_e2m1fn.
 _E2M1_TABLE = np.concatenate([formats.grid(E2M1), -formats.grid(E2M1)])
+# The 127 finite non-negative E4M3 values, in code order (the block decode scales' value table).
+_E4M3_GRID = formats.grid(E4M3)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,32 +160,11 @@ def _mul_exact(a, b_normal):
 
 
 def _recip_exact(s):
-  """Correctly rounded fl(1/s) for a positive normal fp32 ``s``, subnormal results included. Loop-free.
+  """Correctly rounded ``fl(1 / s)`` for fp32 ``s > 0``, subnormal results included (``formats.div_rn``).
 
-  For s > 2**126 the result is subnormal: s = M * 2**(E-150) with a 24-bit integer M, so
-  1/s = (2**n / M) * 2**-149 with n = 299 - E in {45, 46}, and the subnormal encoding is
-  N = RNE(2**n / M) in (2**21, 2**23]. An fp32 division gives q within 1 of floor(2**n / M); the
-  remainder 2**n - q*M is exact in wrap-around uint32 arithmetic (2**n = 0 mod 2**32 and the true
-  remainder is below 2**26 in magnitude), which corrects q and decides the rounding. (A loop of long
-  division would be as exact, but a while loop costs a kernel launch and a host round trip per
-  iteration on GPU.)
+  Not ``1.0 / s``: XLA:GPU's fp32 division is 1 ulp off for about a quarter of all inputs.
   """
-  s = jnp.asarray(s, jnp.float32)
-  b = _bits(s)
-  e_field = ((b >> 23) & 0xFF).astype(jnp.int32)
-  normal_result = 1.0 / jnp.minimum(s, np.float32(2.0**126))
-  big_m = (b & _F32_MANT_MASK) | np.uint32(0x00800000)
-  n = jnp.clip(299 - e_field, 32, 60)
-  q = (_pow2(n) / big_m.astype(jnp.float32)).astype(jnp.uint32)
-  r = lax.bitcast_convert_type(np.uint32(0) - q * big_m, jnp.int32)
-  m = big_m.astype(jnp.int32)
-  low = r < 0
-  q, r = jnp.where(low, q - 1, q), jnp.where(low, r + m, r)
-  high = r >= m
-  q, r = jnp.where(high, q + 1, q), jnp.where(high, r - m, r)
-  up = (2 * r > m) | ((2 * r == m) & ((q & 1) == 1))
-  sub_result = _from_bits(q + up.astype(jnp.uint32))
-  return jnp.where(s > np.float32(2.0**126), sub_result, normal_result)
+  return formats.div_rn(np.float32(1.0), s)
 
 
 def _mul_e4m3_by_f32_exact(s8, d):
@@ -424,6 +405,20 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
   return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht)
 
 
+def _e4m3_code(s8):
+  """Index into ``formats.grid(E4M3)`` of a non-negative fp32 ``s8`` on the E4M3 grid (NaN: 0), from its bits.
+
+  Normal E4M3 values (``s8 >= 2**-6``) have code ``(e + 7) * 8 + m3`` (``e`` the exponent, ``m3`` the top
+  three fraction bits); subnormal ones ``s8 * 2**9`` (0..7, an exact product).
+  """
+  b = _bits(s8)
+  e = ((b >> 23) & 0xFF).astype(jnp.int32) - 127
+  normal = ((e + 7) << 3) | ((b >> 20) & 7).astype(jnp.int32)
+  sub = (s8 * np.float32(2.0**9)).astype(jnp.int32)
+  code = jnp.where(e >= -6, normal, sub)
+  return jnp.where(jnp.isnan(s8), 0, jnp.clip(code, 0, len(_E4M3_GRID) - 1))
+
+
 def _block_scales(xb, red):
   """(amax, s8, enc) of the blocked fp32 ``xb`` (blocks along the axes ``red``; s8/enc keep those dims)."""
   abs_bits = (_bits(xb) & _F32_ABS_MASK).astype(jnp.int32)  # integer max: exact, NaN-propagating
@@ -436,7 +431,8 @@ def _block_scales(xb, red):
 
   # Per-tensor scales (CUDA compute_global_encode_scaling_factor_FP4).
   amax_is_sub = (_bits(amax) & _F32_EXP_MASK) == 0
-  s_enc = jnp.minimum(np.float32(GLOBAL_DENOM) / jnp.where(amax_is_sub, 1.0, amax), np.float32(FLT_MAX))
+  s_enc = formats.div_rn(np.float32(GLOBAL_DENOM), jnp.where(amax_is_sub, 1.0, amax))  # IEEE quotient
+  s_enc = jnp.minimum(s_enc, np.float32(FLT_MAX))
   s_enc = jnp.where(amax_is_sub, np.float32(FLT_MAX), s_enc)  # 2688 / subnormal overflows
   # Bitwise zero test: XLA:CPU compares with denormals-are-zero, so `amax == 0` is True for a subnormal
   # amax (whose S_enc must be FLT_MAX, not 1).
@@ -450,12 +446,13 @@ def _block_scales(xb, red):
   c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
   dec = jnp.minimum(_mul_exact(bamax, c), np.float32(E4M3_MAX))
   s8 = round_to_format(dec, E4M3)
-  # Per-block encode scale: min(1 / fl(s8 * S_dec), FLT_MAX).
-  p = _mul_e4m3_by_f32_exact(s8, s_dec)
-  pm, pk = _split_subnormal(p)
-  r = 1.0 / pm
-  enc = jnp.where(pk == 0, r, r * np.float32(2.0**63) * np.float32(2.0**63))
-  enc = jnp.where(jnp.isnan(enc), enc, jnp.minimum(enc, np.float32(FLT_MAX)))
+  # Per-block encode scale: min(1 / fl(s8 * S_dec), FLT_MAX). s8 is one of E4M3's 127 finite values and
+  # S_dec one scalar per tensor, so the exact quotient is taken once per E4M3 value (a 127-entry table,
+  # formats.div_rn) and looked up by s8's code: no per-block division. (IEEE 1/0 = inf for a zero-scale
+  # block, and 1/subnormal overflows: both end at FLT_MAX.)
+  table = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.asarray(_E4M3_GRID), s_dec))
+  table = jnp.where(jnp.isnan(table), table, jnp.minimum(table, np.float32(FLT_MAX)))
+  enc = table[_e4m3_code(s8)]
   enc = jnp.where(jnp.isnan(s8), s8, enc)
   return amax, s8, enc
 
@@ -580,9 +577,10 @@ def global_decode_scale(t):
   ``t``: an NVFP4Tensor, or its amax (as returned by :func:`quantize_values`).
   """
   amax = t.amax if isinstance(t, NVFP4Tensor) else jnp.asarray(t, jnp.float32)
-  # XLA's algebraic simplifier rewrites ``x / constant`` as ``x * fl(1/constant)`` (not correctly
-  # rounded: 1 ulp off for amax = 4.125). The barrier hides the constant, keeping a true IEEE division.
-  return amax / lax.optimization_barrier(jnp.float32(GLOBAL_DENOM))
+  # The true IEEE quotient. Not ``amax / 2688``: XLA's algebraic simplifier rewrites a division by a
+  # constant as ``x * fl(1/constant)`` (1 ulp off for amax = 4.125), and XLA:GPU's division is itself
+  # 1 ulp off for about a quarter of all quotients.
+  return formats.div_rn(amax, np.float32(GLOBAL_DENOM))
 
 
 def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
