@@ -121,6 +121,16 @@ def preset(name: str) -> dict:
         steps=30,
         skip=10,
     )
+  if name == "gpu-moe-proxy":
+    # recipes/proxy_1gpu_moe_*: Mixtral-style, 8 experts top-2, einsum path (sparse_matmul=false), cut to 4
+    # layers so the unrolled (scan_layers=false) program compiles in well under a minute; synthetic data.
+    base = os.path.join(ROOT, "recipes", "proxy_1gpu_moe_base.yml")
+    return dict(
+        configs=dict(bf16=base, fp8=base, nvfp4=os.path.join(ROOT, "recipes", "proxy_1gpu_moe_nvfp4.yml")),
+        keys=dict(base_num_decoder_layers=4),
+        steps=15,
+        skip=5,
+    )
   raise SystemExit(f"unknown preset {name!r}")
 
 
@@ -233,7 +243,7 @@ def summarize_rounds(results: list[dict], variants: list[str]) -> str:
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--preset", choices=("cpu-demo", "gpu-llama3-8b-4layer"), default="cpu-demo")
+  ap.add_argument("--preset", choices=("cpu-demo", "gpu-llama3-8b-4layer", "gpu-moe-proxy"), default="cpu-demo")
   ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of {VARIANTS}")
   ap.add_argument("--steps", type=int, help="training steps per run (default: the preset's)")
   ap.add_argument("--skip", type=int, help="steps dropped before the median (default: the preset's)")

@@ -16,6 +16,8 @@
 #   step   maxtext_step_bench.py 4-layer Llama-3-8B shape, seq 4096, pdbs 2:
 #          bf16, nvfp4 (emulate, full recipe), fp8 -- in that order                  170 s
 #                                                                              total  480 s
+#   moe    (only when named in STAGES) maxtext_step_bench.py --preset gpu-moe-proxy: the one-GPU
+#          Mixtral-style proxy (recipes/proxy_1gpu_moe_*, 4 layers), bf16 and nvfp4   140 s
 #
 # Usage (from anywhere):
 #   bash benchmarks/gpu/run.sh [OUT_DIR]        run (GPU sizes; refuses to run them without a GPU)
@@ -26,7 +28,8 @@
 #                                               64 MiB limit (the golden vectors travel in tests/golden/)
 # Then, with the device tool: run(command="bash benchmarks/gpu/run.sh", timeout_s=540,
 #                                 carry=[".whl", ".stub"])      (+ ".jaxcache", see below)
-# Choose stages with STAGES="tests mlp" (setup and env always run); change a limit with T_MLP=150 etc.
+# Choose stages with STAGES="tests mlp" (setup and env always run); change a limit with T_MLP=150 etc.;
+# the variants of a stage with MLP_VARIANTS=nvfp4, STEP_VARIANTS=fp8,nvfp4, MOE_VARIANTS=bf16,nvfp4.
 # Results: logs and JSON under OUT_DIR (default ./bench_out). On the device (OUT set by the tool, no
 # OUT_DIR given) they are written to /tmp/bench_work and packed after every stage into $OUT/bench.tgz
 # (+ hlo.tgz, status.txt, summary.md), since at most 8 files come back from $OUT.
@@ -57,18 +60,21 @@ done
 # "expect" is the estimated H200 wall time (nothing of this package has run on a GPU yet: estimates from
 # the issue's prototype numbers, see benchmarks/RESULTS.md "GPU preparation").
 # ---------------------------------------------------------------------------------------------------
-ALL_STAGES="setup env tests mlp hlo quant step"
-declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=100 [mlp]=110 [hlo]=30 [quant]=25 [step]=170)
-declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600)
-declare -A EXPECT_GPU=([setup]=10 [env]=8 [tests]=80 [mlp]=100 [hlo]=25 [quant]=20 [step]=170)
+ALL_STAGES="setup env tests mlp hlo quant step moe"
+declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=100 [mlp]=110 [hlo]=30 [quant]=25 [step]=170 [moe]=140)
+declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
+# H200 estimates; measured 2026-11-30 (benchmarks/RESULTS.md): tests 41, mlp 106, hlo 11, quant 5, step
+# ~65 per variant (compile included).
+declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [mlp]=106 [hlo]=11 [quant]=5 [step]=200 [moe]=130)
 declare -A WHAT=(
   [setup]="pip install .whl/*.whl into $SITE (offline; skipped when maxtext already imports)"
   [env]="date, commit, nvidia-smi, jax version and devices; stops unless jax sees a GPU (--cpu: CPU)"
-  [tests]="GPU bit-exactness: test_numerics, test_gemm (-k not switch_under_jit/remat_and_scan), test_quantizer_hlo"
+  [tests]="GPU bit-exactness: test_numerics, test_fp8, test_gemm (-k not switch_under_jit/remat_and_scan), test_quantizer_hlo"
   [mlp]="SwiGLU 8192x4096x14336 fwd+bwd: bf16, nvfp4 (full recipe), fp8, sdg; --isolate, 3 warmup + 20 iters"
   [hlo]="optimized-HLO counts: MLP fwd+bwd bf16/nvfp4 (--dump-hlo) and quantizer_hlo.py at 8192x4096"
   [quant]="quantizer 1d/2d/rht vs copy at 8192x4096 and 8192x14336, 10 iters"
   [step]="MaxText llama3-8b 4 layers, seq 4096, pdbs 2: bf16, nvfp4, fp8; 20 steps, median of steps 8..19"
+  [moe]="MaxText MoE proxy (8 experts top-2, einsum path, 4 layers): bf16, nvfp4; 15 steps, median of 5..14"
 )
 STAGES=${STAGES:-"tests mlp hlo quant step"}
 has() { case " setup env $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
@@ -197,11 +203,15 @@ if [ "$MODE" = cpu ]; then
   MLP_SHAPE="--preset tiny" MLP_TIMING="--warmup 1 --iters 2"
   QUANT_SHAPE=256x512 QUANT_ARGS="--shapes 256x512 --iters 2 --warmup 1"
   STEP_ARGS="--preset cpu-demo --steps 4 --skip 2 --set max_target_length=64"
+  MOE_ARGS="--preset gpu-moe-proxy --steps 3 --skip 1 --set hardware=tpu --set base_emb_dim=128 --set head_dim=32 \
+    --set base_num_query_heads=4 --set base_num_kv_heads=4 --set base_mlp_dim=256 --set base_moe_mlp_dim=256 \
+    --set base_num_decoder_layers=2 --set vocab_size=1024 --set max_target_length=64 --set per_device_batch_size=1"
 else
-  TESTS_ARGS="tests/test_numerics.py tests/test_gemm.py tests/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
+  TESTS_ARGS="tests/test_numerics.py tests/test_fp8.py tests/test_gemm.py tests/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
   MLP_SHAPE="--preset h200" MLP_TIMING="--warmup 3 --iters 20"
   QUANT_SHAPE=8192x4096 QUANT_ARGS="--shapes 8192x4096,8192x14336 --iters 10 --warmup 2"
   STEP_ARGS="--preset gpu-llama3-8b-4layer --steps 20 --skip 8"
+  MOE_ARGS="--preset gpu-moe-proxy"
 fi
 XDIST="" NPROC=$(nproc 2>/dev/null || echo 2)
 NWORK=$((NPROC / 2 > 8 ? 8 : NPROC / 2))  # the H200 machine has 16 cores: 8 pytest workers
@@ -216,7 +226,7 @@ has tests && stage tests "JAX_PLATFORMS=$PLATFORM $PY -m pytest -q -p no:cachepr
 
 # mlp: each variant's correctness check runs before its timing; a failed check exits 1.
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
-  --variants bf16,nvfp4,fp8,sdg --json $WORK/mlp.json"
+  --variants ${MLP_VARIANTS:-bf16,nvfp4,fp8,sdg} --json $WORK/mlp.json"
 
 # hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz).
 has hlo && stage hlo "$PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvfp4 --modes fwdbwd \
@@ -226,8 +236,11 @@ has hlo && stage hlo "$PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvf
 has quant && stage quant "$PY benchmarks/quantize_bench.py $QUANT_ARGS"
 
 # step: each run also stops at the stage's limit; results print as JSON lines as they finish.
-has step && stage step "$PY benchmarks/maxtext_step_bench.py $STEP_ARGS --variants bf16,nvfp4,fp8 \
+has step && stage step "$PY benchmarks/maxtext_step_bench.py $STEP_ARGS --variants ${STEP_VARIANTS:-bf16,nvfp4,fp8} \
   --set jax_cache_dir=$CACHE --timeout $(limit step) --out-dir $WORK/step --json $WORK/step.json"
+
+has moe && stage moe "$PY benchmarks/maxtext_step_bench.py $MOE_ARGS --variants ${MOE_VARIANTS:-bf16,nvfp4} \
+  --set jax_cache_dir=$CACHE --timeout $(limit moe) --out-dir $WORK/moe --json $WORK/moe.json"
 
 # Summary last.
 {
@@ -236,7 +249,7 @@ has step && stage step "$PY benchmarks/maxtext_step_bench.py $STEP_ARGS --varian
   echo "total wall: $(($(date +%s) - T0)) s of a ${BUDGET_S} s budget"
   echo
   echo "stage status:"; cat "$WORK/status.txt"
-  for name in mlp step; do
+  for name in mlp step moe; do
     [ -f "$WORK/$name.log" ] || continue
     echo
     $PY - "$WORK/$name.json" "$WORK/$name.log" <<'PYEOF'
