@@ -475,7 +475,10 @@ def _e2m1_code_of_product(xb, enc, u=None):
   """
   b = _bits(xb)
   ab = b & np.uint32(_F32_ABS_MASK)
-  is_sub = ab < np.uint32(0x00800000)
+  # Zero or subnormal, from the exponent field rather than as ``ab < 2**23``: the block amax also masks the
+  # bits to ``ab``, and with that node shared XLA:GPU emitted this predicate from the amax reduce fusion as
+  # a full-size pred array (1 byte per element written, then read here; H200 HLO, 2026-11-30).
+  is_sub = ((b >> 23) & np.uint32(0xFF)) == 0
   # enc * 2**-149 from the bits (the constant 2**-149 is itself subnormal: XLA:CPU would read it as 0).
   enc_bits = _bits(enc)
   enc_lo = jnp.where(enc_bits >= np.uint32(150 << 23), _from_bits(enc_bits - np.uint32(149 << 23)), np.float32(0))
