@@ -67,6 +67,69 @@ def test_arm_commands():
       assert a.recipe == "demo_nvfp4.yml" and a.expect in (-1, 1) and a.overrides
 
 
+def test_family_arms():
+  """MoE and qwen3 families: bf16 / fp8 / nvfp4 each, 3 seeds, the same data order, the fp8 arm = the family's
+  bf16 recipe + quantization=fp8, and each family's own arms as its baselines."""
+  runs = {r.key: r for r in study.build_runs(study.SIZINGS["cpu"], Path("/x"))}
+  recipe = {"moe": ("demo_moe_bf16.yml", "demo_moe_nvfp4.yml"),
+            "qwen3": ("demo_qwen3_bf16.yml", "demo_qwen3_nvfp4.yml")}
+  assert [f.name for f in study.FAMILIES] == ["llama2", "moe", "qwen3"]
+  for fam in study.FAMILIES[1:]:
+    bf16_yml, nvfp4_yml = recipe[fam.name]
+    arms = [study.ARM_BY_NAME[n] for n in (fam.bf16, fam.fp8, fam.nvfp4)]
+    assert all(a.family == fam.name and a.group == "key" and a.peer is None for a in arms)
+    assert {a.name for a in study.ARMS if a.family == fam.name} == {fam.bf16, fam.fp8, fam.nvfp4}
+    for seed in range(3):
+      bf, f8, nv = (runs[f"{n}_s{seed}"].argv for n in (fam.bf16, fam.fp8, fam.nvfp4))
+      assert bf[3].endswith(bf16_yml) and f8[3].endswith(bf16_yml) and nv[3].endswith(nvfp4_yml)
+      assert [a for a in f8 if a.startswith("quantization=")] == ["quantization=fp8"]
+      assert not any(a.startswith("quantization=") for a in bf + nv)  # the recipes say "" / nvfp4
+      for argv in (bf, f8, nv):
+        assert _opt(argv, "init_weights_seed") == str(seed) and _opt(argv, "data_shuffle_seed") == "0"
+        assert (_opt(argv, "steps"), _opt(argv, "eval_interval"), _opt(argv, "eval_steps")) == ("101", "50", "8")
+  # the llama2 arms stay on the llama2 recipes
+  assert all(a.family == "llama2" for a in study.ARMS if a.recipe in ("demo_bf16.yml", "demo_nvfp4.yml"))
+  # --quick covers every arm, the new families included
+  quick = {r.key for r in study.build_runs(study.SIZINGS["quick"], Path("/x"))}
+  assert {f"{n}_s0" for f in study.FAMILIES for n in (f.bf16, f.fp8, f.nvfp4)} <= quick
+
+
+def test_family_gaps_use_the_family_baseline():
+  # llama2 bf16 at 3.0, MoE bf16 at 4.0: moe_nvfp4 = 4.04 is +1 % vs moe_bf16 (it would be +35 % vs llama2's).
+  st = _stats({"bf16": {0: 3.0, 1: 3.0}, "nvfp4": {0: 3.0, 1: 3.0}, "moe_bf16": {0: 4.0, 1: 4.0},
+               "moe_fp8": {0: 4.02, 1: 4.02}, "moe_nvfp4": {0: 4.04, 1: 4.04}, "qwen3_bf16": {0: 5.0}})
+  moe = "\n".join(study.table(st, study.FAMILY_BY_NAME["moe"]))
+  row = next(ln for ln in moe.splitlines() if ln.startswith("| moe_nvfp4 "))
+  assert "+1.00 % [+1.00 %, +1.00 %]" in row and "+0.50 %" in row, row
+  assert "| bf16 " not in moe and "| nvfp4 " not in moe  # other families' arms are not in this table
+  assert "| moe_bf16 " not in "\n".join(study.table(st))  # the default table is llama2's
+  text = "\n".join(study.verdicts(st))
+  assert "**moe_nvfp4 eval-loss gap vs moe_bf16 <= 1 % relative**: +1.00 %" in text
+  assert "moe_nvfp4 +0.0400 vs moe_fp8 +0.0200" in text and "qwen3_nvfp4" not in text  # no qwen3 nvfp4 run
+
+
+def test_carry_takes_only_arms_without_runs(tmp_path, capsys):
+  sizing = study.SIZINGS["cpu"]
+  rec = lambda v: {"final_train_loss": v, "final_eval_loss": v, "step0_loss": 8.0, "wall_s": 1.0,  # noqa: E731
+                   "median_step_s": 1.0, "eval_loss": {"0": 8.0, "50": 6.0, "100": v}}
+  summary = tmp_path / "study_summary.json"
+  summary.write_text(json.dumps({"bf16": {"0": rec(5.8), "1": rec(5.9)}, "nvfp4": {"0": rec(5.85)},
+                                 "fp8": {"0": {**rec(5.7), "eval_loss": {"0": 8.0, "6": 7.0}}}}))
+  carry = study.load_carry(summary, sizing)
+  assert set(carry) == {"bf16", "nvfp4"} and "fp8" in capsys.readouterr().err  # fp8: another sizing's evals
+  out = tmp_path / "out"
+  runs = study.build_runs(sizing, out, arms=["bf16", "nvfp4", "moe_bf16"])
+  nv0 = next(r for r in runs if r.key == "nvfp4_s0")
+  nv0.out.mkdir(parents=True)
+  (nv0.out / "result.json").write_text(json.dumps({**rec(5.5), "complete": True, "finite": True}))
+  st = study.collect(out, runs, carry)
+  assert st["bf16"].carried and st["bf16"].evals() == {0: 5.8, 1: 5.9}
+  assert not st["nvfp4"].carried and st["nvfp4"].evals() == {0: 5.5}  # OUT wins, never mixed with the summary
+  assert not st["moe_bf16"].carried and not st["moe_bf16"].runs
+  assert "| bf16 † | 2 |" in "\n".join(study.table(st))
+  assert not study.collect(out, runs)["bf16"].runs  # without --carry nothing is carried
+
+
 @pytest.mark.parametrize("argv,msg", [(["--steps", "100"], "k * 50 + 1"), (["--arms", "bf16,nope"], "unknown arm"),
                                       (["--quick", "foo"], "KEY=VALUE")])
 def test_bad_input(argv, msg, capsys):

@@ -23,6 +23,7 @@ RUNNABLE = [
     "llama3_8b_bf16", "llama3_8b_fp8", "llama3_8b_nvfp4", "llama3_8b_fp8_c4", "llama3_8b_nvfp4_c4",
     "llama3.1_405b_fp8", "llama3.1_405b_nvfp4", "proxy_1gpu_fp8", "proxy_1gpu_nvfp4",
     "demo_moe_bf16", "demo_moe_nvfp4", "proxy_1gpu_moe_fp8", "proxy_1gpu_moe_nvfp4",
+    "demo_qwen3_bf16", "demo_qwen3_nvfp4",
 ]
 ARCH_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers", "base_mlp_dim",
              "head_dim", "vocab_size", "enable_dropout", "logits_via_embedding", "normalization_layer_epsilon",
@@ -140,7 +141,8 @@ def _setting_diff(a, b):
 
 @pytest.mark.parametrize("pair", [("llama3_8b_fp8", "llama3_8b_nvfp4"), ("llama3_8b_bf16", "llama3_8b_nvfp4"),
                                   ("llama3_8b_fp8_c4", "llama3_8b_nvfp4_c4"), ("llama3.1_405b_fp8", "llama3.1_405b_nvfp4"),
-                                  ("proxy_1gpu_fp8", "proxy_1gpu_nvfp4"), ("demo_bf16", "demo_nvfp4")])
+                                  ("proxy_1gpu_fp8", "proxy_1gpu_nvfp4"), ("demo_bf16", "demo_nvfp4"),
+                                  ("demo_qwen3_bf16", "demo_qwen3_nvfp4")])
 def test_pairs_differ_only_in_precision(configs, pair):
   """A comparison is fair only if nothing but the precision keys differ (MaxText derives the rest)."""
   a, b = configs[pair[0]], configs[pair[1]]
@@ -192,7 +194,7 @@ def test_proxy_fits_one_gpu_and_needs_no_te(configs):
 
 def test_demo_recipes_read_prepare_data_defaults(configs):
   d = data.PrepareOptions()
-  for name in ("demo_bf16", "demo_nvfp4", "demo_nvfp4_paper"):
+  for name in ("demo_bf16", "demo_nvfp4", "demo_nvfp4_paper", "demo_qwen3_bf16", "demo_qwen3_nvfp4"):
     c = configs[name]
     assert c["grain_train_files"] == os.path.join(data.DEFAULT_OUT, "train-*.parquet")
     assert c["grain_eval_files"] == os.path.join(data.DEFAULT_OUT, "eval-*.parquet")
@@ -200,6 +202,15 @@ def test_demo_recipes_read_prepare_data_defaults(configs):
     assert c["vocab_size"] == d.vocab_size and c["use_truncation"] is False and c["eval_interval"] > 0
     assert recipes.check_hardware(c, te_available=False, gpu_cc=None) is None
     assert _params(c) < 5e6  # tiny: trains on 2 CPU cores in minutes
+
+
+def test_demo_qwen3_is_the_demo_with_the_qwen3_block(configs):
+  """The accuracy study's second dense family: the llama2 demo's size, data and run; only the block differs."""
+  q, d = configs["demo_qwen3_bf16"], configs["demo_bf16"]
+  assert (q["decoder_block"], d["decoder_block"]) == ("qwen3", "llama2")
+  assert q["use_qk_norm"] is True and d["use_qk_norm"] is False
+  assert _setting_diff(d, q) == {"decoder_block", "use_qk_norm", "rope_max_timescale", "normalization_layer_epsilon"}
+  assert _nvfp4_keys(configs["demo_qwen3_nvfp4"]) == TE_NVFP4 and configs["demo_qwen3_nvfp4"]["quantization"] == "nvfp4"
 
 
 def test_demo_paper_settings(configs):

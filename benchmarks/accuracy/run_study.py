@@ -6,11 +6,15 @@
   python benchmarks/accuracy/run_study.py --gpu      # a larger single-GPU variant (not run in this session)
   python benchmarks/accuracy/run_study.py --report-only   # rebuild the report from OUT's finished runs
 
-Every run is the demo Llama-style proxy (recipes/demo_*.yml: MaxText llama2 decoder, 4 layers, d=128, the
-2048-token BPE on the embedded stdlib-source corpus, held-out eval split) trained by
-``python -m maxtext_nvfp4.train`` (ours, BF16, FP8) or ``benchmarks/accuracy/peer_train.py`` (the qwix and
-jax.nn peers), with ``init_weights_seed = SEED`` and ``data_shuffle_seed = nvfp4_seed = 0`` (see build_runs):
-every run sees the same batches in the same order, and for one seed every arm starts from the same weights.
+Every run is one of three CPU demo models (4 layers, d=128, the 2048-token BPE on the embedded stdlib-source
+corpus, held-out eval split): the Llama-style proxy (recipes/demo_{bf16,nvfp4}.yml, MaxText llama2 decoder:
+every arm but the two families below), the MoE demo (recipes/demo_moe_*.yml, mixtral block, 4 experts top-2,
+einsum path: arms moe_bf16 / moe_fp8 / moe_nvfp4) and the qwen3-block demo (recipes/demo_qwen3_*.yml, QK-norm:
+arms qwen3_bf16 / qwen3_fp8 / qwen3_nvfp4). Each family's gaps are taken against its own bf16 / fp8 arms
+(FAMILIES). Runs are trained by ``python -m maxtext_nvfp4.train`` (ours, BF16, FP8) or
+``benchmarks/accuracy/peer_train.py`` (the qwix and jax.nn peers), with ``init_weights_seed = SEED`` and
+``data_shuffle_seed = nvfp4_seed = 0`` (see build_runs): every run sees the same batches in the same order,
+and for one seed every arm of a family starts from the same weights.
 
 Numbers (exact definitions, also printed in RESULTS.md):
 
@@ -32,6 +36,12 @@ Targets (issue 10), evaluated mechanically in RESULTS.md:
 
 Runs write ``OUT/<arm>_s<seed>/{train.log, metrics.jsonl, result.json}``; a run whose result.json exists is
 not rerun (delete it to redo). ``--jobs 2`` trains two arms at once (each JAX process uses both cores).
+``--carry SUMMARY_JSON`` reports every arm, taking an arm that has no run in OUT from a previous report's
+study_summary.json (same eval steps required; marked † in the tables), e.g. to add arms to a published study
+without rerunning it:
+
+  python benchmarks/accuracy/run_study.py --arms moe_bf16,moe_fp8,moe_nvfp4 \
+      --carry benchmarks/accuracy/study_summary.json
 """
 
 from __future__ import annotations
@@ -81,13 +91,45 @@ class Arm:
   expect: int = 0
   # One line for the report.
   description: str = ""
+  # Model family (a key of FAMILY_BY_NAME): its bf16 arm is the baseline of the arm's relative gaps.
+  family: str = "llama2"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Family:
+  """A model of the study with its own bf16 / fp8 / nvfp4 arms (gaps are taken within a family only)."""
+
+  # Arm.family value.
+  name: str
+  # Heading of the family's table in the report.
+  title: str
+  # Names of the family's baseline, FP8 and NVFP4 arms.
+  bf16: str
+  fp8: str
+  nvfp4: str
+  # Labels of those arms in the target lines.
+  labels: tuple[str, str, str]
+
+
+FAMILIES: tuple[Family, ...] = (
+    Family(name="llama2", title="Dense demo, MaxText `llama2` block (`recipes/demo_{bf16,nvfp4}.yml`)",
+           bf16="bf16", fp8="fp8", nvfp4="nvfp4", labels=("BF16", "FP8", "nvfp4")),
+    Family(name="moe", title="MoE demo, MaxText `mixtral` block, 4 experts top-2, einsum path"
+                             " (`recipes/demo_moe_{bf16,nvfp4}.yml`); gaps vs moe_bf16 / moe_fp8",
+           bf16="moe_bf16", fp8="moe_fp8", nvfp4="moe_nvfp4", labels=("moe_bf16", "moe_fp8", "moe_nvfp4")),
+    Family(name="qwen3", title="Dense demo, MaxText `qwen3` block: QK-norm (`recipes/demo_qwen3_{bf16,nvfp4}.yml`);"
+                               " gaps vs qwen3_bf16 / qwen3_fp8",
+           bf16="qwen3_bf16", fp8="qwen3_fp8", nvfp4="qwen3_nvfp4", labels=("qwen3_bf16", "qwen3_fp8", "qwen3_nvfp4")),
+)
+FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 
 
 _SWITCH = ("nvfp4_switch_at_step=0.8", "nvfp4_switch_to=bf16")
 ARMS: tuple[Arm, ...] = (
     Arm(name="bf16", group="key", recipe="demo_bf16.yml", description="BF16 baseline (no quantization)"),
     Arm(name="fp8", group="key", recipe="demo_bf16.yml", overrides=("quantization=fp8",),
-        description="MaxText quantization=fp8 (Fp8DirectDotGeneralOp, per-tensor current scaling)"),
+        description="MaxText quantization=fp8 (flax Fp8DirectDotGeneralOp, per-tensor delayed scaling:"
+                    " the scale comes from a 1024-step amax history, 1 at step 0)"),
     Arm(name="nvfp4", group="key", recipe="demo_nvfp4.yml",
         description="ours, TE NVFP4BlockScaling recipe (1x16 E4M3 + FP32 tensor scale, 2D weights, RHT wgrad,"
                     " SR grads) on all projections of all layers"),
@@ -119,6 +161,25 @@ ARMS: tuple[Arm, ...] = (
         description="diagnostic: ours with dgrad/wgrad in BF16 (quantizes the same GEMMs as the jax.nn peer)"),
     Arm(name="jaxnn_nvfp4", group="peer", recipe="demo_bf16.yml", peer="jaxnn",
         description="peer: jax.nn.scaled_dot_general nvfp4 (1x16 E4M3 scales, static global scale 1, bwd unquantized)"),
+    # The MoE family: the CPU MoE demo (mixtral block, 4 experts of width 128, top-2, sparse_matmul=false:
+    # RoutedMoE's einsum path, every expert on every token). No fp8 MoE recipe exists: the fp8 arm is the bf16
+    # recipe with quantization=fp8, like the llama2 fp8 arm.
+    Arm(name="moe_bf16", group="key", family="moe", recipe="demo_moe_bf16.yml",
+        description="MoE demo, BF16 baseline (no quantization)"),
+    Arm(name="moe_fp8", group="key", family="moe", recipe="demo_moe_bf16.yml", overrides=("quantization=fp8",),
+        description="MoE demo, MaxText quantization=fp8: attention projections and the router through"
+                    " Fp8DirectDotGeneralOp, the expert einsums wi_0/wi_1/wo through flax Fp8Einsum (one scale"
+                    " per tensor over all experts); both per-tensor delayed scaling (amax history)"),
+    Arm(name="moe_nvfp4", group="key", family="moe", recipe="demo_moe_nvfp4.yml",
+        description="ours on the attention projections and every expert linear (one NVFP4 tensor per expert"
+                    " weight and per expert token group), router BF16"),
+    # The second dense family: the demo's size with MaxText's qwen3 block (QK-norm).
+    Arm(name="qwen3_bf16", group="key", family="qwen3", recipe="demo_qwen3_bf16.yml",
+        description="qwen3-block demo, BF16 baseline (no quantization)"),
+    Arm(name="qwen3_fp8", group="key", family="qwen3", recipe="demo_qwen3_bf16.yml", overrides=("quantization=fp8",),
+        description="qwen3-block demo, MaxText quantization=fp8 (Fp8DirectDotGeneralOp on every projection)"),
+    Arm(name="qwen3_nvfp4", group="key", family="qwen3", recipe="demo_qwen3_nvfp4.yml",
+        description="ours, the full TE recipe on all 7 projections of all 4 qwen3 layers"),
 )
 ARM_BY_NAME = {a.name: a for a in ARMS}
 
@@ -337,6 +398,8 @@ class ArmStats:
   runs: dict
   # Number of runs attempted but incomplete (failed / diverged / cut short).
   incomplete: int
+  # True when the runs are not in OUT but carried over from a previous report's study_summary.json (--carry).
+  carried: bool = False
 
   def evals(self) -> dict[int, float]:
     return {s: r["final_eval_loss"] for s, r in self.runs.items() if r["final_eval_loss"] is not None}
@@ -354,21 +417,57 @@ class ArmStats:
     return statistics.stdev(v) if len(v) >= 2 else None
 
 
-def collect(out: Path, runs: Sequence[RunSpec]) -> dict[str, ArmStats]:
+def eval_steps_of(sizing: Sizing) -> list[int]:
+  """The train steps after which MaxText evaluates: 0, eval_interval, ..., steps - 1."""
+  return list(range(0, sizing.steps, sizing.eval_interval))
+
+
+def load_carry(path: Path, sizing: Sizing) -> dict[str, dict[int, dict]]:
+  """``{arm: {seed: record}}`` from a previous report's study_summary.json, for --carry.
+
+  An arm is taken only if every record evaluated after exactly this sizing's eval steps (a summary of
+  another sizing is refused arm by arm, with a message); each record is marked ``carried_from``.
+  """
+  data = json.loads(path.read_text(encoding="utf8"))
+  want = [str(s) for s in eval_steps_of(sizing)]
+  out = {}
+  for arm, seeds in data.items():
+    if arm not in ARM_BY_NAME:
+      print(f"--carry {path}: arm {arm} is not an arm of this study: ignored", file=sys.stderr)
+      continue
+    recs = {int(s): {**r, "carried_from": r.get("carried_from", str(path))} for s, r in seeds.items()}
+    if not recs or any(list(r.get("eval_loss", {})) != want for r in recs.values()):
+      print(f"--carry {path}: arm {arm} was evaluated after other steps than {', '.join(want)}"
+            f" (another sizing): not carried", file=sys.stderr)
+      continue
+    out[arm] = recs
+  return out
+
+
+def collect(out: Path, runs: Sequence[RunSpec], carry: dict[str, dict[int, dict]] | None = None
+            ) -> dict[str, ArmStats]:
+  """The finished runs of ``runs`` by arm; with ``carry``, an arm with no result.json at all in OUT takes
+  its records from ``carry`` (never mixed with runs of OUT within one arm)."""
   by_arm: dict[str, dict] = {}
   bad: dict[str, int] = {}
+  attempted: set[str] = set()
   for r in runs:
     p = r.out / "result.json"
     by_arm.setdefault(r.arm.name, {})
     if not p.exists():
       continue
+    attempted.add(r.arm.name)
     res = json.loads(p.read_text())
     if res.get("complete") and res.get("finite"):
       by_arm[r.arm.name][r.seed] = res
     else:
       bad[r.arm.name] = bad.get(r.arm.name, 0) + 1
   del out
-  return {a: ArmStats(arm=ARM_BY_NAME[a], runs=v, incomplete=bad.get(a, 0)) for a, v in by_arm.items()}
+  carried = {a for a in by_arm if a not in attempted and a in (carry or {})}
+  for a in carried:
+    by_arm[a] = dict(carry[a])
+  return {a: ArmStats(arm=ARM_BY_NAME[a], runs=v, incomplete=bad.get(a, 0), carried=a in carried)
+          for a, v in by_arm.items()}
 
 
 def paired_rel_gap(a: ArmStats, b: ArmStats) -> tuple[float | None, float | None, float | None, int]:
@@ -384,15 +483,17 @@ def _pct(v) -> str:
   return "n/a" if v is None else f"{100 * v:+.2f} %"
 
 
-def table(stats: dict[str, ArmStats]) -> list[str]:
-  bf16, fp8 = stats.get("bf16"), stats.get("fp8")
+def table(stats: dict[str, ArmStats], family: Family | None = None) -> list[str]:
+  """The table of one family's arms (default: llama2), gaps against that family's own bf16 / fp8 arms."""
+  family = family or FAMILIES[0]
+  bf16, fp8 = stats.get(family.bf16), stats.get(family.fp8)
   head = ["arm", "seeds", "final train loss", "eval loss (mean)", "eval seed spread (max-min / std)",
-          "rel. gap vs BF16 (mean [min, max])", "rel. gap vs FP8", "step-0 loss (seed 0)",
-          "median s/step (shared CPU)"]
+          f"rel. gap vs {family.labels[0]} (mean [min, max])", f"rel. gap vs {family.labels[1]}",
+          "step-0 loss (seed 0)", "median s/step (shared CPU)"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for arm in ARMS:
     st = stats.get(arm.name)
-    if st is None:
+    if st is None or arm.family != family.name:
       continue
     if not st.runs:
       what = f"0 ({st.incomplete} failed/incomplete)" if st.incomplete else "not run"
@@ -408,7 +509,8 @@ def table(stats: dict[str, ArmStats]) -> list[str]:
     s0 = st.runs[0]["step0_loss"] if 0 in st.runs else None
     ms = statistics.fmean([r["median_step_s"] for r in st.runs.values() if r["median_step_s"]] or [float("nan")])
     n = f"{len(st.runs)}" + (f" (+{st.incomplete} failed)" if st.incomplete else "")
-    lines.append(f"| {arm.name} | {n} | {_f(st.mean('final_train_loss'))} | {_f(st.mean())} | {sp} | "
+    label = arm.name + (" †" if st.carried else "")
+    lines.append(f"| {label} | {n} | {_f(st.mean('final_train_loss'))} | {_f(st.mean())} | {sp} | "
                  f"{gap(bf16)} | {gap(fp8)} | {_f(s0, '{:.4f}')} | {_f(ms, '{:.2f}')} |")
   return lines
 
@@ -429,22 +531,10 @@ def _one_seed(*arms: ArmStats) -> str:
 
 def verdicts(stats: dict[str, ArmStats]) -> list[str]:
   """The issue's targets, evaluated with the formulas of the module docstring."""
-  out = []
   g = stats.get
-  nv, bf, f8 = g("nvfp4"), g("bf16"), g("fp8")
   have = lambda s: s is not None and s.runs  # noqa: E731
-  if have(nv) and have(bf):
-    m, _, _, n = paired_rel_gap(nv, bf)
-    ok = m <= 0.01
-    out.append(f"- **nvfp4 eval-loss gap vs BF16 <= 1 % relative**: {_pct(m)} (mean of {n} paired seed(s)) -> "
-               f"{'MET' if ok else 'NOT MET'}; {_paired(nv, bf)}")
-  if have(nv) and have(bf) and have(f8):
-    spread = max(x for x in (nv.spread(), f8.spread(), 0.0) if x is not None)
-    d_nv, d_f8 = nv.mean() - bf.mean(), f8.mean() - bf.mean()
-    ok = d_nv <= d_f8 + spread
-    out.append(f"- **nvfp4 gap <= FP8 gap + seed spread**: nvfp4 {d_nv:+.4f} vs FP8 {d_f8:+.4f} + spread "
-               f"{spread:.4f}{_one_seed(nv, f8)} (nats, eval loss means) -> {'MET' if ok else 'NOT MET'}; nvfp4 vs"
-               f" FP8 {_paired(nv, f8)}")
+  out = key_verdicts(stats, FAMILIES[0])
+  nv = g("nvfp4")
   for peer in ("qwix_nvfp4", "jaxnn_nvfp4"):
     p = g(peer)
     if have(nv) and have(p):
@@ -480,25 +570,53 @@ def verdicts(stats: dict[str, ArmStats]) -> list[str]:
               else "opposite direction" + ("" if beyond else ", within seed spread"))
       out.append(f"- ablation **{arm.name}** vs nvfp4 (seed 0): {d:+.4f} nats ({_pct(d / e0)}); paper: {exp} -> "
                  f"{word}" + ("" if spread is not None else " (no seed spread yet)"))
+  for family in FAMILIES[1:]:
+    out += key_verdicts(stats, family)
+  return out
+
+
+def key_verdicts(stats: dict[str, ArmStats], family: Family) -> list[str]:
+  """Targets 1 and 2 of one family: its nvfp4 arm against its own bf16 and fp8 arms."""
+  out = []
+  nv, bf, f8 = stats.get(family.nvfp4), stats.get(family.bf16), stats.get(family.fp8)
+  bf_l, f8_l, nv_l = family.labels
+  have = lambda s: s is not None and s.runs  # noqa: E731
+  if have(nv) and have(bf):
+    m, _, _, n = paired_rel_gap(nv, bf)
+    ok = m <= 0.01
+    out.append(f"- **{nv_l} eval-loss gap vs {bf_l} <= 1 % relative**: {_pct(m)} (mean of {n} paired seed(s)) -> "
+               f"{'MET' if ok else 'NOT MET'}; {_paired(nv, bf)}")
+  if have(nv) and have(bf) and have(f8):
+    spread = max(x for x in (nv.spread(), f8.spread(), 0.0) if x is not None)
+    d_nv, d_f8 = nv.mean() - bf.mean(), f8.mean() - bf.mean()
+    ok = d_nv <= d_f8 + spread
+    out.append(f"- **{nv_l} gap <= {f8_l} gap + seed spread**: {nv_l} {d_nv:+.4f} vs {f8_l} {d_f8:+.4f} + spread "
+               f"{spread:.4f}{_one_seed(nv, f8)} (nats, eval loss means) -> {'MET' if ok else 'NOT MET'}; {nv_l} vs"
+               f" {f8_l} {_paired(nv, f8)}")
   return out
 
 
 # ------------------------------------------------------------------------------------------------ plots
 
 
+PLOT_GROUPS = ("key_and_peers", "ablations", *(f.name for f in FAMILIES[1:]))
+
+
 def plots(stats: dict[str, ArmStats], out: Path) -> dict[str, Path]:
-  """compare-tool plots (seed 0): key arms + peers vs BF16, and ablations/switches vs nvfp4."""
+  """compare-tool plots (seed 0): key arms + peers vs BF16, ablations/switches vs nvfp4, and each other
+  family's bf16 / fp8 / nvfp4. Carried arms have no metrics file here and are left out."""
   from maxtext_nvfp4.tools import compare  # pylint: disable=import-outside-toplevel
 
   groups = {
       "key_and_peers": ["bf16", "fp8", "nvfp4", "nvfp4_fwd_only", "qwix_nvfp4", "qwix_nvfp4_fwd", "jaxnn_nvfp4"],
       "ablations": ["nvfp4", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_1d_weights", "nvfp4_keep_last1",
                     "nvfp4_mlp_only", "nvfp4_switch_fwd", "nvfp4_switch_all"],
+      **{f.name: [f.bf16, f.fp8, f.nvfp4] for f in FAMILIES[1:]},
   }
   made = {}
   for name, arms in groups.items():
     args = [f"{a}={stats[a].runs[0]['metrics_for_compare']}" for a in arms
-            if a in stats and 0 in stats[a].runs]
+            if a in stats and 0 in stats[a].runs and "metrics_for_compare" in stats[a].runs[0]]
     if len(args) < 2:
       continue
     d = out / "compare" / name
@@ -527,9 +645,14 @@ def generated_section(sizing: Sizing, stats: dict[str, ArmStats], command: str, 
                       plot_rel: dict[str, str]) -> str:
   import jax  # pylint: disable=import-outside-toplevel
 
-  n_runs = sum(len(s.runs) for s in stats.values())
+  n_runs = sum(len(s.runs) for s in stats.values() if not s.carried)
   n_bad = sum(s.incomplete for s in stats.values())
-  walls = [r["wall_s"] for s in stats.values() for r in s.runs.values()]
+  walls = [r["wall_s"] for s in stats.values() if not s.carried for r in s.runs.values()]
+  carried = [s for s in stats.values() if s.carried]
+  tables = []
+  for family in FAMILIES:
+    if any(a.family == family.name and a.name in stats for a in ARMS):
+      tables += [f"#### {family.title}", "", *table(stats, family), ""]
   lines = [
       BEGIN, "",
       f"- Command: {command}",
@@ -542,8 +665,14 @@ def generated_section(sizing: Sizing, stats: dict[str, ArmStats], command: str, 
       f" seeds: key arms {sizing.key_seeds}, peers {sizing.peer_seeds}, others 1; {sizing.jobs} run(s) in parallel",
       f"- Runs: {n_runs} complete, {n_bad} incomplete/failed; wall time per run {min(walls or [0]):.0f}-"
       f"{max(walls or [0]):.0f} s",
+      *([f"- † Carried over, not rerun in this invocation: {sum(len(s.runs) for s in carried)} run(s) of "
+         f"{', '.join(s.arm.name for s in carried)}, numbers from "
+         f"{', '.join(sorted({str(r.get('carried_from')) for s in carried for r in s.runs.values()}))} (a previous"
+         " report of this sizing: its date, data and hardware are in the text below, not in the lines above)"]
+        if carried else []),
       "",
-      *table(stats), "",
+      "Each family's relative gaps are against its own BF16 / FP8 arms.", "",
+      *tables,
       "Definitions: final train loss = mean of the last ceil(steps/10) training losses; eval loss = `eval/avg_loss`"
       " after the last step; relative gap = (eval_arm - eval_base) / eval_base per seed, averaged over the seeds"
       " both arms ran ([min, max] over seeds when >= 2); seed spread = max - min of the arm's eval losses over"
@@ -588,22 +717,25 @@ def shrink_png(src: Path, dst: Path, *, colors: int = 64) -> None:
 
 
 def report(sizing: Sizing, runs: Sequence[RunSpec], out: Path, *, command: str, started: str,
-           publish_dir: Path | None) -> Path:
-  stats = collect(out, runs)
+           publish_dir: Path | None, carry: dict[str, dict[int, dict]] | None = None) -> Path:
+  stats = collect(out, runs, carry)
   made = plots(stats, out)
   header = "# Accuracy study: emulated NVFP4 vs FP8/BF16 and vs other FP4 paths"
   dest = publish_dir or out
   plot_rel = {}
-  for name, d in made.items():
+  for name in PLOT_GROUPS:
     png = dest / "plots" / f"{name}_loss.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    shrink_png(d / "loss.png", png)
-    plot_rel[name] = f"plots/{name}_loss.png"
+    if name in made:
+      png.parent.mkdir(parents=True, exist_ok=True)
+      shrink_png(made[name] / "loss.png", png)
+      plot_rel[name] = f"plots/{name}_loss.png"
+    elif png.exists() and any(s.carried for s in stats.values()):  # the carried runs' plot, not rebuilt
+      plot_rel[f"{name} (carried runs, plot not rebuilt)"] = f"plots/{name}_loss.png"
   results = dest / "RESULTS.md"
   write_results(results, generated_section(sizing, stats, command, started, plot_rel), header)
+  keys = ("final_train_loss", "final_eval_loss", "step0_loss", "wall_s", "median_step_s", "eval_loss")
   (dest / "study_summary.json").write_text(json.dumps(
-      {a: {str(s): {k: r[k] for k in ("final_train_loss", "final_eval_loss", "step0_loss", "wall_s",
-                                      "median_step_s", "eval_loss")}
+      {a: {str(s): {**{k: r[k] for k in keys}, **({"carried_from": r["carried_from"]} if "carried_from" in r else {})}
            for s, r in st.runs.items()} for a, st in stats.items()}, indent=1) + "\n")
   return results
 
@@ -629,12 +761,16 @@ def build_parser() -> argparse.ArgumentParser:
                  " OUT for --quick)")
   p.add_argument("--dry-run", action="store_true", help="print the commands only")
   p.add_argument("--report-only", action="store_true", help="no training: rebuild the report from OUT")
+  p.add_argument("--carry", metavar="SUMMARY_JSON",
+                 help="report every arm; an arm with no run in OUT takes its numbers from this study_summary.json"
+                      " of a previous report (same sizing), marked † in the tables")
   p.add_argument("--python", default=sys.executable, help="interpreter of the training runs")
   p.add_argument("extra", nargs="*", metavar="KEY=VALUE", help="extra MaxText overrides for every run")
   return p
 
 
 def resolve(a: argparse.Namespace) -> tuple[Sizing, Path, list[RunSpec], Path | None]:
+  """(sizing, OUT, the runs to train, publish dir) of a command line."""
   sizing = SIZINGS[a.mode]
   repl = {k: v for k, v in (("jobs", a.jobs), ("steps", a.steps), ("key_seeds", a.key_seeds),
                             ("peer_seeds", a.peer_seeds)) if v is not None}
@@ -662,9 +798,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   a = build_parser().parse_args(argv)
   try:
     sizing, out, runs, publish = resolve(a)
-  except ValueError as e:
+    carry = None
+    if a.carry:
+      carry = load_carry(Path(a.carry), sizing)
+  except (ValueError, OSError) as e:
     print(f"run_study.py: error: {e}", file=sys.stderr)
     return 2
+  # --carry: the report covers every arm (those not run in OUT from the summary), training only the chosen ones.
+  report_runs = build_runs(sizing, out, python=a.python, extra=a.extra) if carry is not None else runs
   args = [x for x in (argv if argv is not None else sys.argv[1:]) if x != "--report-only"]
   command = "`" + " ".join(["python benchmarks/accuracy/run_study.py", shlex.join(args)]).strip() + "`"
   if a.report_only:
@@ -683,7 +824,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       futs = [pool.submit(run_one, r, steps=sizing.steps, lock=lock) for r in runs]
       for f in futs:
         f.result()
-  path = report(sizing, runs, out, command=command, started=started, publish_dir=publish)
+  path = report(sizing, report_runs, out, command=command, started=started, publish_dir=publish, carry=carry)
   print(f"wrote {path}")
   print(path.read_text(encoding="utf8").split(BEGIN, 1)[1].split(END, 1)[0])
   return 0
