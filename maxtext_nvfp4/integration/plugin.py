@@ -29,6 +29,9 @@ imported, or immediately if it already is, so ``import maxtext_nvfp4`` stays che
     eval records (every eval's first running-eval snapshot, the eval after train step 0), deleting the
     training records written so far. Now a logger truncates once, at its first record if that has step
     0 and the run starts at step 0 (a fresh run); every other record is appended.
+* ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
+  ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
+  precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ _PYCONFIG = "maxtext.configs.pyconfig"
 _QUANTIZATIONS = "maxtext.layers.quantizations"
 _TRAIN = "maxtext.trainers.pre_train.train"
 _METRIC_LOGGER = "maxtext.common.metric_logger"
+_MOE = "maxtext.layers.moe"
+_MEGABLOX = "maxtext.kernels.megablox"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -190,6 +195,11 @@ def validate_config(config) -> None:
     te_backend.check_te_settings(s)
     te_backend.check_te_shapes(config, s)
   capability.choose_backend(s.backend)
+  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel
+
+  # MoE paths that would skip the plan (the device-count check waits for make_quantization: asking JAX for
+  # devices here would start its backend before MaxText initializes jax.distributed).
+  quantization.check_model(config, s, s.backend, num_devices=None)
 
 
 def _patch_pyconfig(pyconfig) -> None:
@@ -290,6 +300,18 @@ def _patch_metric_logger(metric_logger) -> None:
   cls.write_metrics_locally = touchpoints.wrap_once(cls.write_metrics_locally, make_local)
 
 
+def _patch_moe(moe) -> None:
+  from maxtext_nvfp4.integration import sparse_moe  # pylint: disable=import-outside-toplevel
+
+  sparse_moe.patch_moe(moe)
+
+
+def _patch_megablox(megablox) -> None:
+  from maxtext_nvfp4.integration import sparse_moe  # pylint: disable=import-outside-toplevel
+
+  sparse_moe.patch_megablox(megablox)
+
+
 def run_pretrain(argv) -> None:
   """MaxText's pre-training ``main(argv)`` (``maxtext.trainers.pre_train.train.main``)."""
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
@@ -307,6 +329,8 @@ _PATCHERS = {
     _QUANTIZATIONS: _patch_quantizations,
     _TRAIN: _patch_train,
     _METRIC_LOGGER: _patch_metric_logger,
+    _MOE: _patch_moe,
+    _MEGABLOX: _patch_megablox,
 }
 _lock = threading.RLock()
 _finder: Any = None

@@ -235,6 +235,19 @@ def _quantization_class():
       return _expert_einsum(recipe, switched, self.switch_step if switched is not None else None, layer, role,
                             int(self.settings.seed))
 
+    def expert_gemms(self):
+      """RoutedMoE.sparse_matmul's three expert linears (wi_0, wi_1, wo), asked for at call time
+      (sparse_matmul=true; :mod:`maxtext_nvfp4.integration.sparse_moe`), located as the einsum path's are."""
+      from maxtext_nvfp4.integration import sparse_moe  # pylint: disable=import-outside-toplevel
+
+      out = []
+      for axes in (sparse_moe.WI_AXES, sparse_moe.WI_AXES, sparse_moe.WO_AXES):
+        layer, role, recipe, switched = self._located_recipes(axes)
+        out.append(sparse_moe.ExpertGemm(layer=layer, role=role, recipe=recipe, switched=switched,
+                                         switch_step=self.switch_step if switched is not None else None,
+                                         seed=int(self.settings.seed)))
+      return tuple(out)
+
     def get_block_size(self) -> int:
       # DenseGeneral's dummy init batch: one full NVFP4 block of tokens.
       return 16
@@ -270,9 +283,11 @@ def precision_table_text(config) -> str:
   head = (f"maxtext-nvfp4: decoder GEMM precisions (targets={s.targets}, keep_first={s.keep_first_layers},"
           f" keep_last={s.keep_last_layers}, fallback={s.fallback}"
           + (f", switch at step {switch} to {s.switch_to} scope={s.switch_scope})" if switch is not None else ")"))
-  moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's einsums in high"
-         " precision; expert_* = one GEMM per expert (own amax per expert weight and per expert token group)"
-         if moe_layers(config) else "")
+  path = ("sparse_matmul=true: the grouped GEMM, per device" if bool(getattr(config, "sparse_matmul", False))
+          else "sparse_matmul=false: the expert einsums")
+  moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's, in high"
+         " precision; expert_* = one GEMM per expert (own amax per expert weight and per expert token group;"
+         f" {path})" if moe_layers(config) else "")
   return head + "\n" + plan_lib.format_precision_table(rows, switch_step=switch) + moe
 
 
@@ -311,18 +326,32 @@ def _roles_of(config):
   return roles
 
 
-def check_model(config, s: settings_lib.Nvfp4Settings, backend: str) -> None:
-  """Refuse (one line) MoE configurations whose expert GEMMs would silently skip the plan."""
+def check_model(config, s: settings_lib.Nvfp4Settings, backend: str, num_devices: int | None = 1) -> None:
+  """Refuse (one line) MoE configurations whose expert GEMMs would silently skip the plan.
+
+  Run at config time (``num_devices=None``: the checks that need the device count are skipped) and again
+  when MaxText builds the quantization object (``num_devices``: the devices of the run's mesh, on which the
+  sparse path's amax scope depends).
+  """
   if not moe_layers(config):
     return
   experts_planned = plan_lib.is_targeted("expert_wi_0", s.targets) or s.fallback != "bf16"
-  if experts_planned and bool(config.sparse_matmul):
+  if not experts_planned:
+    return
+  if bool(getattr(config, "te_moe_block", False)):
     raise settings_lib.SettingsError(
-        f"quantization=nvfp4 with decoder_block={_value(config.decoder_block)}"
-        " and sparse_matmul=true: the grouped GEMM (megablox/tokamax gmm, ragged_dot) does not reach the"
-        " quantization object, so its experts would silently run unquantized; set sparse_matmul=false"
-        " (MoE einsum path) or nvfp4_targets=attention|mlp with nvfp4_fallback=bf16")
-  if backend == "te" and experts_planned:
+        "quantization=nvfp4 with te_moe_block=true: Transformer Engine's own MoE block runs the experts without"
+        " the plugin's per-expert NVFP4 GEMMs; set te_moe_block=false")
+  if bool(getattr(config, "use_batch_split_schedule", False)):
+    raise settings_lib.SettingsError(
+        "quantization=nvfp4 with use_batch_split_schedule=true: the batch-split DeepSeek schedule calls the grouped"
+        " GEMM kernels directly, so its experts would run unquantized; set use_batch_split_schedule=false")
+  from maxtext_nvfp4.integration import sparse_moe  # pylint: disable=import-outside-toplevel
+
+  why = sparse_moe.refusal(config, s, num_devices)
+  if why:
+    raise settings_lib.SettingsError(why)
+  if backend == "te":
     raise settings_lib.SettingsError(
         "nvfp4_backend=te cannot run the MoE expert GEMMs (TE JAX has no NVFP4 grouped GEMM); set"
         " nvfp4_backend=emulate, or nvfp4_targets=attention|mlp with nvfp4_fallback=bf16")
@@ -348,7 +377,9 @@ def make_quantization(config, quant_mode_str: str = "train"):
     refused = te_limits.summary(te_limits.check(config, s))
     if refused:
       _log_once(refused)
-  check_model(config, s, s.backend)
+  import jax  # pylint: disable=import-outside-toplevel
+
+  check_model(config, s, s.backend, num_devices=jax.device_count())
   locator = plan_lib.GemmLocator(num_layers=int(config.num_decoder_layers),
                                  num_activations=len(config.mlp_activations), scan_layers=bool(config.scan_layers),
                                  moe_layers=moe_layers(config) or None)
@@ -368,6 +399,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
                                       locator=dataclasses.replace(locator, counts={}),
                                       switch_step=s.switch_step(config.steps))
       object.__setattr__(te_quant, "einsum", experts.einsum)
+      object.__setattr__(te_quant, "expert_gemms", experts.expert_gemms)
     return te_quant
   diag_interval = 0
   if s.diagnostics:

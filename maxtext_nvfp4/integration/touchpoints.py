@@ -43,6 +43,14 @@ TOUCHES: tuple[Touch, ...] = (
           use="extended to serve TE's sr_rng stream (te_quantization)"),
     Touch(module="maxtext.layers.quantizations", symbol="TransformerEngineQuantization.dot_general_cls",
           use="called for nvfp4/fp8 projections (te_quantization)"),
+    Touch(module="maxtext.layers.moe", symbol="RoutedMoE.sparse_matmul",
+          use="wrapped: when the layer's quant is ours, publishes its expert GEMMs' plan (quant.expert_gemms) while"
+              " MaxText traces the call; reads the instance's quant and config.prefuse_moe_weights (sparse_moe)"),
+    Touch(module="maxtext.layers.moe", symbol="RoutedMoE.get_expert_parallelism_size",
+          use="called by the sparse_matmul wrapper: an expert-parallel mesh is refused (sparse_moe)"),
+    Touch(module="maxtext.kernels.megablox", symbol="gmm",
+          use="wrapped (the mblx.gmm layers/moe.py calls): inside such a sparse_matmul, each expert linear runs"
+              " grouped_gemm.ragged_dot; elsewhere MaxText's gmm unchanged (sparse_moe)"),
     Touch(module="maxtext.trainers.pre_train.train", symbol="train_step",
           use="wrapped to publish the traced step (step.with_step)"),
     Touch(module="maxtext.trainers.pre_train.train", symbol="eval_step",
