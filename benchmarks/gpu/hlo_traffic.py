@@ -1,0 +1,69 @@
+"""Bytes moved by GEMM kernels vs all other kernels in an optimized HLO dump.
+
+    python benchmarks/gpu/hlo_traffic.py DIR [NAME ...]     (default NAMEs: bf16_fwdbwd nvfp4_fwdbwd)
+
+reads ``DIR/<NAME>.hlo.txt`` (the ``hlo`` stage of ``benchmarks/gpu/run.sh`` writes them, and they come
+back in ``hlo.tgz``). A kernel's traffic is the bytes of its operands plus its outputs, as counted by
+``benchmarks/quantizer_hlo.py``; loops and calls are walked into. GEMMs are cuBLAS custom calls and
+fusions that XLA emits as Triton GEMMs.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import quantizer_hlo as qh  # noqa: E402
+
+
+def kind(ins) -> str:
+  attrs = ins.attrs.lower()
+  if ins.opcode == "custom-call" and ("gemm" in attrs or "cublas" in attrs):
+    return "gemm"
+  # XLA:GPU's Triton GEMM fusions: kind=kCustom calling a gemm computation, or tagged triton_gemm.
+  if ins.opcode == "fusion" and ("triton_gemm" in ins.attrs or ("kind=kCustom" in ins.attrs and "gemm" in attrs)):
+    return "gemm"
+  return "other"
+
+
+def traffic(hlo_text: str) -> dict:
+  """{kind: (kernels, bytes)} over the entry computation and what it runs unfused."""
+  comps, entry = qh.parse_computations(hlo_text)
+  shapes = {ins.name: ins.outputs for c in comps.values() for ins in c}
+  kernels, moved = collections.Counter(), collections.Counter()
+
+  def walk(cname):
+    for ins in comps.get(cname, []):
+      if ins.opcode in qh._FREE:
+        continue
+      alternatives = qh._called(ins)
+      if alternatives and ins.opcode in ("while", "call", "conditional"):
+        for c in alternatives[0]:
+          walk(c)
+        continue
+      k = kind(ins)
+      kernels[k] += 1
+      moved[k] += qh._bytes([a for o in ins.operands for a in shapes.get(o, ())]) + qh._bytes(ins.outputs)
+
+  walk(entry)
+  return {k: (kernels[k], moved[k]) for k in ("gemm", "other")}
+
+
+def main(argv: list[str]) -> int:
+  if not argv:
+    print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+    return 2
+  names = argv[1:] or ["bf16_fwdbwd", "nvfp4_fwdbwd"]
+  print("| program | GEMM kernels | GEMM GiB | other kernels | other GiB |")
+  print("|---|---:|---:|---:|---:|")
+  for name in names:
+    with open(os.path.join(argv[0], f"{name}.hlo.txt")) as fh:
+      t = traffic(fh.read())
+    print(f"| {name} | {t['gemm'][0]} | {t['gemm'][1] / 2**30:.2f} | {t['other'][0]} | {t['other'][1] / 2**30:.2f} |")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
