@@ -53,7 +53,6 @@ NO_DROP = {"capacity_factor": 2}
 # Only the experts in NVFP4: a loss that differs from bf16 can then only come from them (attention and the
 # other projections are covered elsewhere; this also halves the compile time).
 EXPERTS_ONLY = {"nvfp4_targets": "experts", **NO_DROP}
-RNE = {"nvfp4_stochastic_rounding": False, "nvfp4_rht": False}
 
 
 def _train(out, name, quantization_name, **extra):
@@ -87,9 +86,6 @@ def runs(tmp_path_factory):
       "bf16": _train(out, "bf16", "", sparse_matmul=True, **NO_DROP),
       "sparse": _train(out, "sparse", "nvfp4", sparse_matmul=True, **EXPERTS_ONLY),
       "einsum": _train(out, "einsum", "nvfp4", sparse_matmul=False, **EXPERTS_ONLY),
-      # round-to-nearest without RHT: the deterministic recipe (fprop, dgrad and wgrad), 2 steps
-      "sparse_rne": _train(out, "sparse_rne", "nvfp4", sparse_matmul=True, steps=2, **EXPERTS_ONLY, **RNE),
-      "einsum_rne": _train(out, "einsum_rne", "nvfp4", sparse_matmul=False, steps=2, **EXPERTS_ONLY, **RNE),
       # layer 0 kept in bf16 (MaxText's kernel); layer 1 nvfp4, every pass bf16 from step 1 on
       "plan": _train(out, "plan", "nvfp4", sparse_matmul=True, steps=2, nvfp4_keep_first_layers=1,
                      nvfp4_switch_at_step=1, nvfp4_switch_scope="all", **EXPERTS_ONLY),
@@ -121,11 +117,11 @@ def test_sparse_nvfp4_trains_with_every_expert_gemm_through_the_quantizer(runs):
   assert not any(r == "router" for _, r, _, _ in s["traced"])  # the router stays plain bf16
 
 
-@pytest.mark.parametrize("recipe", ["rne", "full"])
-def test_sparse_path_equals_the_einsum_path_bit_for_bit(runs, recipe):
+def test_sparse_path_equals_the_einsum_path_bit_for_bit(runs):
   """Same per-expert quantization on both MoE paths (see the module docstring), forward and backward: every
-  step's loss is identical, with round-to-nearest and no RHT, and with the full recipe (SR and RHT on)."""
-  sparse, einsum = ("sparse_rne", "einsum_rne") if recipe == "rne" else ("sparse", "einsum")
+  step's loss is identical with the full recipe (SR and RHT on; it also held with both off -- the RNE pair
+  was dropped from the suite for time, the full recipe exercising the same GEMMs plus RHT and SR keys)."""
+  sparse, einsum = "sparse", "einsum"
   s, e = runs[sparse]["losses"], runs[einsum]["losses"]
   assert s == e, (s, e)
   assert runs[sparse]["gmm"] == {"emulated": 6}  # the sparse run took the emulated grouped GEMM ...
