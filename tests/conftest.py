@@ -27,23 +27,25 @@ def _restore_jax_prng_impl():
 
 
 # Test files by measured duration, heaviest first (junit times of a 2-worker run, 2026-11-30: 146 s down to
-# 30 s; every other file takes under 20 s), test_distributed (141 s) placed apart. `--dist loadfile` hands
-# out whole files in collection order, so starting the longest ones first keeps both workers busy to the end
-# instead of one long file running alone at the tail (longest-processing-time-first scheduling). Order only:
-# every test still runs.
+# 30 s; every other file takes under 20 s). `--dist loadfile` hands out whole files in collection order,
+# so starting the longest ones first keeps both workers busy to the end instead of one long file running
+# alone at the tail (longest-processing-time-first scheduling). Order only: every test still runs.
 _HEAVY_FIRST = (
     "test_reliability_checkpoint.py", "test_recipes.py", "test_moe_sparse.py",
     "test_gemm_sharding.py", "test_model_families.py", "test_gemm.py", "test_export.py", "test_patching.py",
     "test_diagnostics.py", "test_reproduce.py", "test_reliability_nonfinite.py", "test_moe.py",
     "test_numerics.py", "test_selective_precision.py", "test_train_e2e.py",
-    # Its two ranks rendezvous through gloo, which gives up after a fixed 30 s; beside another heavy file
-    # their compiles drift apart (first in the queue, it kept a worker ~10 min). Here it runs beside the
-    # light files (all under 20 s each, ~170 s together) instead of alone at the end.
-    "test_distributed.py",
 )
+
+
+# Last: its two ranks rendezvous through gloo, which gives up after a fixed 30 s; under the other worker's
+# load their compiles drift apart (seen: first in the queue, it kept a worker ~10 min). At the end of the queue
+# it shares the machine with at most one shorter file.
+_LAST = ("test_distributed.py",)
 
 
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(_HEAVY_FIRST)}
+  rank.update({name: len(_HEAVY_FIRST) + 1 + i for i, name in enumerate(_LAST)})
   # A stable sort on the file's rank keeps each file's own order (and files not listed, alphabetically, after).
   items.sort(key=lambda item: rank.get(item.path.name, len(_HEAVY_FIRST)))
