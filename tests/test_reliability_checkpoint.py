@@ -32,7 +32,7 @@ from maxtext_helpers import losses, read_metrics, tiny_argv
 
 pytestmark = pytest.mark.slow
 
-STEPS = 5
+STEPS = 4
 # A small 2-layer Llama; learning rate high enough that one step moves the loss far more than the
 # precision does (so "close to the writer's loss" cannot be passed by a run that restarted from scratch).
 SMALL = dict(base_emb_dim=32, base_num_query_heads=2, base_num_kv_heads=2, base_mlp_dim=64,
