@@ -14,7 +14,9 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[setup] installing maxtext-nvfp4 and its dependencies (first time: a few minutes, ~2.5 GB)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  # --no-compile: byte-compiling every installed module (~2.5 GB of packages) takes longer on 2 cores than
+  # compiling, on first import, the modules the tests use.
+  "$VENV/bin/python" -m pip install -q --no-compile -e ".[dev]"
   echo "$want" > "$stamp"
 fi
 "$VENV/bin/python" -c 'import maxtext_nvfp4, maxtext, jax; print("[setup] ok: maxtext", maxtext.__version__ if hasattr(maxtext, "__version__") else "0.2.5", "jax", jax.__version__)'
