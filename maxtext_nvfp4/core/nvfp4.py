@@ -431,10 +431,8 @@ def _block_scales(xb, red):
   bamax = _from_bits(bamax_bits)
 
   # Per-tensor scales (CUDA compute_global_encode_scaling_factor_FP4).
-  amax_is_sub = (_bits(amax) & _F32_EXP_MASK) == 0
-  s_enc = formats.div_rn(np.float32(GLOBAL_DENOM), jnp.where(amax_is_sub, 1.0, amax))  # IEEE quotient
-  s_enc = jnp.minimum(s_enc, np.float32(FLT_MAX))
-  s_enc = jnp.where(amax_is_sub, np.float32(FLT_MAX), s_enc)  # 2688 / subnormal overflows
+  # IEEE quotient (div_rn takes subnormal amaxes too: 2688 / subnormal overflows to inf, then FLT_MAX).
+  s_enc = jnp.minimum(formats.div_rn(np.float32(GLOBAL_DENOM), amax), np.float32(FLT_MAX))
   # Bitwise zero test: XLA:CPU compares with denormals-are-zero, so `amax == 0` is True for a subnormal
   # amax (whose S_enc must be FLT_MAX, not 1).
   amax_is_zero = (_bits(amax) & _F32_ABS_MASK) == 0
