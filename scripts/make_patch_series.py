@@ -9,7 +9,7 @@ in settings.py, then commit the regenerated patches.
 "not applied"; ``pip download --no-deps maxtext==0.2.5`` and unzip the wheel if yours is patched). The
 script copies the touched files into a scratch git repo (``src/maxtext`` layout), makes one commit per
 concern with a fixed author and date, and runs ``git format-patch --zero-commit --no-signature``, so the
-output is reproducible; ``tests/test_patching.py`` fails when the committed series differs from a
+output is reproducible; ``tests/tools/test_patching.py`` fails when the committed series differs from a
 regeneration. The config hunks are rendered from settings.py, so MaxText's schema and ``base.yml`` keys
 cannot drift from the plugin's. Needs ``git``.
 """

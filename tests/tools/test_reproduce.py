@@ -15,7 +15,7 @@ import pytest
 from maxtext_nvfp4.tools import reproduce
 from maxtext_nvfp4.tools.cli import main as cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Non-finite and extreme operands through the emulated GEMM, MaxText's quant Linen module and a MaxText model.
 
-What tests/test_gemm.py and tests/test_numerics.py already cover is not repeated here (a NaN/Inf in one
+What tests/core/test_gemm.py and tests/core/test_numerics.py already cover is not repeated here (a NaN/Inf in one
 operand of a 2D GEMM; the quantizer's NaN/Inf/zero/extreme outputs against TE's formulas). This file adds:
 
 * batched and multi-contracting GEMMs (MaxText's attention-out projection contracts heads x head_dim) and

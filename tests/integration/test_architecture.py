@@ -17,7 +17,7 @@ import pathlib
 
 import pytest
 
-PKG = pathlib.Path(__file__).resolve().parent.parent / "maxtext_nvfp4"
+PKG = pathlib.Path(__file__).resolve().parents[2] / "maxtext_nvfp4"
 LAYERS = ("core", "backends", "integration", "tools")
 FACADE = len(LAYERS)
 # third-party top-level packages and the only layers allowed to import them

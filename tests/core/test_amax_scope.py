@@ -1,6 +1,6 @@
 """nvfp4_amax_scope: the operands' amax blocks from partition specs (core/amax_scope.py) and from MaxText's
 logical axis rules on a mesh (integration/mesh_scope.py). Pure and trace-free: an abstract mesh suffices.
-The numerics of each scope on 8 real host devices: tests/test_gemm_sharding.py."""
+The numerics of each scope on 8 real host devices: tests/core/test_gemm_sharding.py."""
 
 import jax
 import pytest

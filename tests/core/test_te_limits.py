@@ -1,7 +1,7 @@
 """TE's NVFP4 shape/dtype limits (maxtext_nvfp4/core/te_limits.py) and their three uses.
 
 Pure-function tests first (milliseconds); then one MaxText config build per use (the TE backend's
-config-time refusal -- a one-line config error, exit 2 under the train CLI as tests/test_plugin_config.py
+config-time refusal -- a one-line config error, exit 2 under the train CLI as tests/integration/test_plugin_config.py
 checks for every config error -- and the emulation's start-up line).
 """
 
@@ -18,7 +18,7 @@ from maxtext_nvfp4.tools import recipes as recipes_mod
 
 from maxtext_helpers import tiny_argv
 
-RECIPES = os.path.join(os.path.dirname(__file__), "..", "recipes")
+RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "recipes")
 # Recipes meant for Blackwell + TE (and the single-GPU proxy, which must also run on TE once on Blackwell).
 BLACKWELL = ("llama3_8b_", "llama3.1_405b_", "proxy_1gpu_")
 

@@ -4,7 +4,7 @@ A representative subset of ``benchmarks/model_families.py`` (its full sweep and 
 model-support table): a DeepSeek-style model (MLA with the low-rank query, one dense layer, routed +
 shared experts, MaxText's default no-capacity einsum path) trained in bf16 and in nvfp4. Every expert and projection GEMM must go through our quantizer (traced_gemms);
 the router never does. Plus the one-line refusals of the MoE paths we cannot quantize (the grouped-GEMM
-path itself: tests/test_moe_sparse.py).
+path itself: tests/integration/test_moe_sparse.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_nvfp4.integration import quantization
 from maxtext_helpers import losses
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import model_families  # noqa: E402  pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def _config(family, **extra):
 
 
 def test_sparse_matmul_runs_and_te_experts_are_refused_with_one_line():
-  # MaxText's default grouped-GEMM path (megablox gmm) is intercepted now (tests/test_moe_sparse.py); its
+  # MaxText's default grouped-GEMM path (megablox gmm) is intercepted now (tests/integration/test_moe_sparse.py); its
   # ragged_dot variant is refused (config time already: pyconfig runs check_model)
   cfg = _config("qwen3_moe", sparse_matmul=True)
   s = settings_lib.from_config(cfg)
@@ -104,7 +104,7 @@ def test_moe_recipes_take_the_emulated_expert_path(recipe):
   and nothing is refused (einsum path, emulation)."""
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
 
-  path = os.path.join(os.path.dirname(__file__), "..", "recipes", recipe + ".yml")
+  path = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", recipe + ".yml")
   cfg = pyconfig.initialize([None, path, "skip_jax_distributed_system=true", "nvfp4_backend=emulate"])
   s = settings_lib.from_config(cfg)
   quantization.check_model(cfg, s, s.backend)

@@ -10,7 +10,7 @@ import pytest
 from maxtext_nvfp4.tools import recipes
 from maxtext_nvfp4.tools import train
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.parametrize("recipe,suggestion", [

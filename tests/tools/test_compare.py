@@ -300,7 +300,7 @@ def test_maxtext_eval_truncation_is_flagged(tmp_path):
 
 
 def test_plugin_written_file_has_no_truncation_note(tmp_path):
-  # What the plugin's writer leaves for a fresh run with an eval after step 0 (tests/test_metrics_file.py):
+  # What the plugin's writer leaves for a fresh run with an eval after step 0 (tests/tools/test_metrics_file.py):
   # the eval's running snapshot and summary may come first (step 0), then every training step from 0.
   b, _ = make_pair(tmp_path)
   first = [json.dumps({"step": 0.0, "eval/avg_loss": 5.0, "eval/step_time_seconds": 0.1}),

@@ -14,7 +14,7 @@ import pytest
 
 from maxtext_nvfp4.tools import data
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _rows(out: str, split: str) -> list[str]:

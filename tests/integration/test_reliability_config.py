@@ -1,6 +1,6 @@
 """Every invalid ``nvfp4_*`` value or combination fails at config time, in one line, exit code 2, fast.
 
-tests/test_plugin_config.py already checks a first set of bad values in-process (backend, targets,
+tests/integration/test_plugin_config.py already checks a first set of bad values in-process (backend, targets,
 fallback, switch_scope, rht, quantization; keep sum = layers, keep with scan_layers, switch step = steps,
 negative keep_last, qwix, te) and one CLI exit. This file covers the remaining values and combinations
 in-process, then runs ``python -m maxtext_nvfp4.train`` on three of them (in parallel, with

@@ -39,7 +39,7 @@ from maxtext_nvfp4.integration import sparse_moe
 from maxtext_nvfp4.integration import touchpoints
 from maxtext_helpers import losses
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import model_families  # noqa: E402  pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.slow

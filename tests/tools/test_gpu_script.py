@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.sh"
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run.sh"
 _STAGES = ["setup", "env", "tests", "mlp", "hlo", "quant", "step"]
 
 

@@ -26,7 +26,7 @@ from maxtext_nvfp4.tools import cli
 from maxtext_nvfp4.tools import patching
 from maxtext_nvfp4.core import settings
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SERIES_DIR = REPO / "patches" / "maxtext-0.2.5"
 INSTALLED = Path(importlib.util.find_spec("maxtext").submodule_search_locations[0])
 PY = sys.executable

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCHER = os.path.join(REPO, "recipes", "launch", "local_multiprocess.py")
 RECIPE = os.path.join(REPO, "recipes", "demo_nvfp4.yml")
 TOKENIZER = os.path.join(os.path.dirname(importlib.util.find_spec("maxtext").origin), "assets", "tokenizers",

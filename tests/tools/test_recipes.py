@@ -14,7 +14,7 @@ from maxtext_nvfp4.tools import data
 from maxtext_nvfp4.tools import recipes
 from maxtext_nvfp4.core import settings
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = os.path.join(REPO, "recipes")
 MAXTEXT_MODELS = os.path.join(os.path.dirname(__import__("maxtext").__file__), "configs", "models")
 

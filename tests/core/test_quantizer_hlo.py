@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import pytest
 
 _SPEC = importlib.util.spec_from_file_location(
-    "quantizer_hlo", Path(__file__).resolve().parents[1] / "benchmarks" / "quantizer_hlo.py")
+    "quantizer_hlo", Path(__file__).resolve().parents[2] / "benchmarks" / "quantizer_hlo.py")
 qh = importlib.util.module_from_spec(_SPEC)
 sys.modules["quantizer_hlo"] = qh  # dataclasses look their module up there
 _SPEC.loader.exec_module(qh)
@@ -139,7 +139,7 @@ def test_quantizer_passes_on_cpu(cpu_counts, case):
 def _barrier_operand_types(fn):
   x = jax.ShapeDtypeStruct(SHAPE, jnp.bfloat16)
   text = jax.jit(fn).trace(x, jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
-  assert "stablehlo.while" not in text  # sanity: the GPU program (tests/test_numerics.py checks this too)
+  assert "stablehlo.while" not in text  # sanity: the GPU program (tests/core/test_numerics.py checks this too)
   return re.findall(r"stablehlo\.optimization_barrier .*?: (tensor<[^>]*>)", text)
 
 

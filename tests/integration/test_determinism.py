@@ -18,7 +18,7 @@ from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_helpers import read_metrics, tiny_argv
 
-# Same model/steps/learning rate as tests/test_reliability_checkpoint.py, so the compiled step is
+# Same model/steps/learning rate as tests/integration/test_reliability_checkpoint.py, so the compiled step is
 # shared through JAX's persistent compilation cache.
 SMALL = dict(base_emb_dim=32, base_num_query_heads=2, base_num_kv_heads=2, base_mlp_dim=64,
              base_num_decoder_layers=2, vocab_size=128, steps=5, learning_rate=1e-2)
