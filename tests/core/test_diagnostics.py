@@ -14,13 +14,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import diagnostics as diag
 from maxtext_nvfp4.core import gemm
 from maxtext_nvfp4.core import plan as plan_lib
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import linen_gemm
+from maxtext_nvfp4.integration import traced
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import read_metrics, tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 TINY = 2.0**-20
 
@@ -168,7 +171,7 @@ DIMS = (((1,), (0,)), ((), ()))
 
 
 def _module_loss(diag_group, recipe):
-  mod = quantization._linen_module_class()(recipe=recipe, layer=1, role="wi_0", seed=0,  # pylint: disable=protected-access
+  mod = linen_gemm.linen_module_class()(recipe=recipe, layer=1, role="wi_0", seed=0,  # pylint: disable=protected-access
                                              diag_group=diag_group, diag_interval=2)
 
   def loss(x, w, step):
@@ -268,10 +271,10 @@ def diag_run(tmp_path_factory):
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
 
   diag.AGGREGATOR.clear()
-  quantization.traced_gemms(reset=True)
+  traced.traced_gemms(reset=True)
   train.main(tiny_argv(out, run_name="diag", steps=STEPS, quantization="nvfp4", nvfp4_targets="mlp",
                        nvfp4_diagnostics=True, nvfp4_diagnostics_interval=INTERVAL))
-  return {"metrics": read_metrics(os.path.join(out, "diag.jsonl")), "traced": quantization.traced_gemms()}
+  return {"metrics": read_metrics(os.path.join(out, "diag.jsonl")), "traced": traced.traced_gemms()}
 
 
 @pytest.mark.slow

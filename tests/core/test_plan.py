@@ -3,7 +3,10 @@
 import pytest
 
 from maxtext_nvfp4.core import plan
+from maxtext_nvfp4.integration.maxtext_versions import v0_2_5
 from maxtext_nvfp4.core.settings import Nvfp4Settings
+
+MAXTEXT = v0_2_5.ADAPTER  # the kernel-axes signatures the locator is given (data, as core/ receives them)
 
 ROLES = plan.decoder_roles()
 
@@ -141,12 +144,12 @@ def test_precision_table_with_per_layer_roles_counts_decoder_layers():
 
 
 def test_locator_places_router_and_experts_in_moe_layers():
-  loc = plan.GemmLocator(num_layers=4, moe_layers=(1, 3))
+  loc = plan.GemmLocator(num_layers=4, moe_layers=(1, 3), signatures=MAXTEXT.kernel_signatures)
   wi, wo = ("exp", "embed_moe", "mlp_moe"), ("exp", "mlp_moe", "embed_moe")
   got = [loc.locate(a) for a in [("embed", None), ("embed", None), wi, wi, wo, wi, wi, wo, wi]]
   assert got == [(1, "router"), (3, "router"), (1, "expert_wi_0"), (1, "expert_wi_1"), (1, "expert_wo"),
                  (3, "expert_wi_0"), (3, "expert_wi_1"), (3, "expert_wo"), (1, "expert_wi_0")]  # next trace wraps
-  assert plan.signature_roles(("exp", None, "mlp"), 2) == ("expert_wi_0", "expert_wi_1")  # capacity form
-  assert plan.signature_roles(("embed_attn", "qkv", "heads", "kv"), 1) == ("qkv_proj",)  # gpt3's fused QKV
+  assert plan.signature_roles(("exp", None, "mlp"), 2, MAXTEXT.kernel_signatures) == ("expert_wi_0", "expert_wi_1")  # capacity form
+  assert plan.signature_roles(("embed_attn", "qkv", "heads", "kv"), 1, MAXTEXT.kernel_signatures) == ("qkv_proj",)  # gpt3's fused QKV
   with pytest.raises(plan.settings_lib.SettingsError, match=r"kernel axes \('exp', 'embed_moe'\)"):
-    plan.signature_roles(("exp", "embed_moe"), 2)
+    plan.signature_roles(("exp", "embed_moe"), 2, MAXTEXT.kernel_signatures)

@@ -38,7 +38,7 @@ def _trainer_cmd() -> list[str]:
   """``python -m maxtext_nvfp4.train`` (the user-facing entry); MaxText's trainer + plugin before it exists."""
   if importlib.util.find_spec("maxtext_nvfp4.train") is not None:
     return [sys.executable, "-m", "maxtext_nvfp4.train"]
-  return [sys.executable, "-c", "import maxtext_nvfp4; from absl import app; "
+  return [sys.executable, "-c", "import maxtext_nvfp4; maxtext_nvfp4.register(); from absl import app; "
           "from maxtext.trainers.pre_train import train; app.run(train.main)"]
 
 

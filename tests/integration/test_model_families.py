@@ -16,14 +16,19 @@ import types
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import plan
 from maxtext_nvfp4.core import settings as settings_lib
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import model_layout
+from maxtext_nvfp4.integration import moe_refusals
+from maxtext_nvfp4.integration import precision_text
+from maxtext_nvfp4.integration import traced
 from maxtext_helpers import losses
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import model_families  # noqa: E402  pylint: disable=wrong-import-position
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +40,10 @@ EXPERTS = set(plan.EXPERT_ROLES)
 def _train(family, out, quantization_name, **extra):
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
 
-  quantization.traced_gemms(reset=True)
+  traced.traced_gemms(reset=True)
   train.main(model_families.family_argv(family, out, quantization_name, steps=STEPS, **extra))
   name = f"{family}_{quantization_name or 'bf16'}"
-  return {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": quantization.traced_gemms(reset=True)}
+  return {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": traced.traced_gemms(reset=True)}
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +80,16 @@ def test_sparse_matmul_runs_and_te_experts_are_refused_with_one_line():
   # ragged_dot variant is refused (config time already: pyconfig runs check_model)
   cfg = _config("qwen3_moe", sparse_matmul=True)
   s = settings_lib.from_config(cfg)
-  quantization.check_model(cfg, s, "emulate", num_devices=1)
+  moe_refusals.check_model(cfg, s, "emulate", num_devices=1)
   with pytest.raises(settings_lib.SettingsError, match="sparse_matmul=true and megablox=false.*set megablox=true") as e:
     _config("qwen3_moe", sparse_matmul=True, megablox=False)
   assert "\n" not in str(e.value)
   cfg = _config("qwen3_moe")
   with pytest.raises(settings_lib.SettingsError, match="nvfp4_backend=te cannot run the MoE expert GEMMs"):
-    quantization.check_model(cfg, s, "te")
+    moe_refusals.check_model(cfg, s, "te")
   # experts out of the plan (bf16 fallback): the grouped GEMM may run unquantized, TE may run the rest
-  quantization.check_model(cfg, settings_lib.Nvfp4Settings(targets="attention"), "te")
-  assert quantization.moe_layers(cfg) == (0, 1)
+  moe_refusals.check_model(cfg, settings_lib.Nvfp4Settings(targets="attention"), "te")
+  assert model_layout.layout_of(cfg).moe_layers == (0, 1)
 
 
 @pytest.mark.parametrize("block, extra, want", [
@@ -94,8 +99,8 @@ def test_sparse_matmul_runs_and_te_experts_are_refused_with_one_line():
 ])
 def test_moe_layers_per_decoder_block(block, extra, want):
   cfg = types.SimpleNamespace(num_decoder_layers=4, num_experts=4, decoder_block=block, **extra)
-  assert quantization.moe_layers(cfg) == want
-  assert quantization.moe_layers(types.SimpleNamespace(num_decoder_layers=4, num_experts=1)) == ()
+  assert model_layout.layout_of(cfg).moe_layers == want
+  assert model_layout.layout_of(types.SimpleNamespace(num_decoder_layers=4, num_experts=1)).moe_layers == ()
 
 
 @pytest.mark.parametrize("recipe", ["demo_moe_nvfp4", "proxy_1gpu_moe_nvfp4"])
@@ -107,8 +112,8 @@ def test_moe_recipes_take_the_emulated_expert_path(recipe):
   path = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", recipe + ".yml")
   cfg = pyconfig.initialize([None, path, "skip_jax_distributed_system=true", "nvfp4_backend=emulate"])
   s = settings_lib.from_config(cfg)
-  quantization.check_model(cfg, s, s.backend)
-  assert quantization.moe_layers(cfg) == tuple(range(cfg.num_decoder_layers))
-  rows = plan.precision_table(s, num_layers=cfg.num_decoder_layers, roles=quantization._roles_of(cfg))  # pylint: disable=protected-access
+  moe_refusals.check_model(cfg, s, s.backend)
+  assert model_layout.layout_of(cfg).moe_layers == tuple(range(cfg.num_decoder_layers))
+  rows = plan.precision_table(s, num_layers=cfg.num_decoder_layers, roles=model_layout.layout_of(cfg).roles)  # pylint: disable=protected-access
   assert {r.role for r in rows if r.fprop == "nvfp4"} >= EXPERTS and {r.fprop for r in rows if r.role == "router"} == {"bf16"}
-  assert "router = gate logits, always bf16; dispatch/combine" in quantization.precision_table_text(cfg)
+  assert "router = gate logits, always bf16; dispatch/combine" in precision_text.precision_table_text(cfg)

@@ -30,17 +30,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import gemm
 from maxtext_nvfp4.core import grouped_gemm
 from maxtext_nvfp4.core import settings as settings_lib
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import moe_refusals
+from maxtext_nvfp4.integration import traced
 from maxtext_nvfp4.integration import sparse_moe
 from maxtext_nvfp4.integration import touchpoints
+from maxtext_nvfp4.integration.maxtext_versions import v0_2_5
 from maxtext_helpers import losses
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import model_families  # noqa: E402  pylint: disable=wrong-import-position
+
+MAXTEXT = v0_2_5.ADAPTER  # the grouped-GEMM call order the sparse path is given
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 pytestmark = pytest.mark.slow
 
@@ -58,14 +63,14 @@ EXPERTS_ONLY = {"nvfp4_targets": "experts", **NO_DROP}
 def _train(out, name, quantization_name, **extra):
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
 
-  quantization.traced_gemms(reset=True)
+  traced.traced_gemms(reset=True)
   sparse_moe.gmm_calls(reset=True)
   argv = model_families.family_argv(FAMILY, out, quantization_name, steps=extra.pop("steps", STEPS), **extra)
   argv = [a for a in argv if not str(a).startswith(("run_name=", "metrics_file="))]
   argv += [f"run_name={name}", f"metrics_file={os.path.join(out, name + '.jsonl')}"]
   t0 = time.monotonic()
   train.main(argv)
-  return {"losses": losses(os.path.join(out, name + ".jsonl")), "traced": quantization.traced_gemms(reset=True),
+  return {"losses": losses(os.path.join(out, name + ".jsonl")), "traced": traced.traced_gemms(reset=True),
           "gmm": sparse_moe.gmm_calls(reset=True), "seconds": round(time.monotonic() - t0, 1)}
 
 
@@ -205,10 +210,10 @@ def test_fused_up_projection_is_each_experts_two_own_gemms():
 
 
 def test_gmm_calls_map_to_the_expert_linears_in_order():
-  call = sparse_moe._Call(gemms={}, fused=False)  # pylint: disable=protected-access
+  call = sparse_moe._Call(gemms={}, cycle=MAXTEXT.gmm_call_order)  # pylint: disable=protected-access
   assert [call.next_linears() for _ in range(4)] == [("expert_wi_0",), ("expert_wi_1",), ("expert_wo",),
                                                      ("expert_wi_0",)]
-  call = sparse_moe._Call(gemms={}, fused=True)  # pylint: disable=protected-access
+  call = sparse_moe._Call(gemms={}, cycle=MAXTEXT.gmm_call_order_fused)  # pylint: disable=protected-access
   assert [call.next_linears() for _ in range(3)] == [("expert_wi_0", "expert_wi_1"), ("expert_wo",),
                                                      ("expert_wi_0", "expert_wi_1")]
 
@@ -232,23 +237,23 @@ def _cfg(**kw):
 def test_unsupported_moe_configs_are_refused_in_one_line(overrides, devices, words):
   s = settings_lib.Nvfp4Settings(amax_scope=overrides.pop("amax_scope", "te"))
   with pytest.raises(settings_lib.SettingsError) as e:
-    quantization.check_model(_cfg(**overrides), s, "emulate", num_devices=devices)
+    moe_refusals.check_model(_cfg(**overrides), s, "emulate", num_devices=devices)
   msg = str(e.value)
   assert "\n" not in msg and all(w in msg for w in words), msg
 
 
 def test_supported_sparse_configs_pass():
   s = settings_lib.Nvfp4Settings()
-  quantization.check_model(_cfg(), s, "emulate", num_devices=8)  # megablox (MaxText's default), te scope
-  quantization.check_model(_cfg(ici_expert_parallelism=-1), s, "emulate", num_devices=None)  # seen on the mesh
-  quantization.check_model(_cfg(megablox=False, use_tokamax_gmm=True), s, "emulate", num_devices=1)  # tokamax gmm
-  quantization.check_model(_cfg(), settings_lib.Nvfp4Settings(amax_scope="global"), "emulate", num_devices=1)
-  quantization.check_model(_cfg(), settings_lib.Nvfp4Settings(amax_scope="global"), "emulate", num_devices=None)
+  moe_refusals.check_model(_cfg(), s, "emulate", num_devices=8)  # megablox (MaxText's default), te scope
+  moe_refusals.check_model(_cfg(ici_expert_parallelism=-1), s, "emulate", num_devices=None)  # seen on the mesh
+  moe_refusals.check_model(_cfg(megablox=False, use_tokamax_gmm=True), s, "emulate", num_devices=1)  # tokamax gmm
+  moe_refusals.check_model(_cfg(), settings_lib.Nvfp4Settings(amax_scope="global"), "emulate", num_devices=1)
+  moe_refusals.check_model(_cfg(), settings_lib.Nvfp4Settings(amax_scope="global"), "emulate", num_devices=None)
   # experts out of the plan (bf16 fallback): MaxText's grouped GEMM may run as it likes
-  quantization.check_model(_cfg(megablox=False, use_ring_of_experts=True), settings_lib.Nvfp4Settings(
+  moe_refusals.check_model(_cfg(megablox=False, use_ring_of_experts=True), settings_lib.Nvfp4Settings(
       targets="attention"), "emulate", num_devices=8)
   with pytest.raises(settings_lib.SettingsError, match="nvfp4_backend=te cannot run the MoE expert GEMMs"):
-    quantization.check_model(_cfg(), s, "te")
+    moe_refusals.check_model(_cfg(), s, "te")
 
 
 def test_expert_parallel_mesh_is_refused_when_the_layer_is_traced():

@@ -161,11 +161,16 @@ def test_train_cli_config_error_exits_2_with_one_line():
 
 
 def test_import_is_cheap_then_registers_lazily_including_train_run_as_main():
-  # One subprocess (imports are slow on 2 cores): 1) `import maxtext_nvfp4` imports neither JAX nor
-  # MaxText; 2) MaxText modules imported later are patched; 3) `python -m maxtext.trainers.pre_train.train`
+  # One subprocess (imports are slow on 2 cores): 1) `import maxtext_nvfp4` and a core module import
+  # neither JAX (core.plan) nor MaxText and register nothing (sys.meta_path unchanged); 2) after
+  # register(), MaxText modules imported later are patched; 3) `python -m maxtext.trainers.pre_train.train`
   # (patch-set mode) runs MaxText's train module as __main__, whose train_step must be wrapped too.
-  code = ("import sys, maxtext_nvfp4\n"
+  code = ("import sys\nhooks = list(sys.meta_path)\n"
+          "import maxtext_nvfp4, maxtext_nvfp4.core.plan\n"
           "assert 'jax' not in sys.modules and 'maxtext.configs.pyconfig' not in sys.modules\n"
+          "assert sys.meta_path == hooks, sys.meta_path\n"
+          "maxtext_nvfp4.register()\n"
+          "assert len(sys.meta_path) == len(hooks) + 1 and 'jax' not in sys.modules\n"
           "from maxtext.configs import types\n"
           "assert types.QuantizationType('nvfp4').value == 'nvfp4'\n"
           "import maxtext.trainers.pre_train.train as t\n"
@@ -175,6 +180,16 @@ def test_import_is_cheap_then_registers_lazily_including_train_run_as_main():
           "sys.modules['__main__'] = mod\n"
           "maxtext_nvfp4.register()\n"
           "assert getattr(mod.train_step, '_maxtext_nvfp4_wrapped', None) is not None\n"
+          "print('ok')")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_importing_a_core_module_has_no_side_effects():
+  """``import maxtext_nvfp4.core.nvfp4`` (JAX, but no MaxText) installs no import hook and imports no maxtext."""
+  code = ("import sys\nhooks = list(sys.meta_path)\nimport maxtext_nvfp4.core.nvfp4\n"
+          "assert sys.meta_path == hooks, sys.meta_path\n"
+          "assert not [m for m in sys.modules if m == 'maxtext' or m.startswith('maxtext.')], 'maxtext imported'\n"
           "print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]

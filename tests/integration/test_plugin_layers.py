@@ -6,17 +6,22 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import gemm
 from maxtext_nvfp4.core import settings as settings_lib
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import linen_gemm
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.core import plan
+from maxtext_nvfp4.integration.maxtext_versions import v0_2_5
 from maxtext_helpers import tiny_argv
 
 from maxtext.configs import pyconfig  # pylint: disable=wrong-import-order
 from maxtext.layers import quantizations  # pylint: disable=wrong-import-order
 from maxtext.utils import model_creation_utils  # pylint: disable=wrong-import-order
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
+
+MAXTEXT = v0_2_5.ADAPTER  # the kernel-axes signatures the locator is given (data, as core/ receives them)
 
 # The MaxText module path (below decoder/layers_i) of each role, llama2 decoder block.
 ROLE_PATHS = {
@@ -47,7 +52,7 @@ def _config(**overrides):
 def _quantized_modules(config):
   """``{module path: Nvfp4DotGeneral}`` of an abstract (shape-only) model built by MaxText."""
   _, model = model_creation_utils.create_nnx_abstract_model(config)
-  cls = quantization._linen_module_class()  # pylint: disable=protected-access
+  cls = linen_gemm.linen_module_class()  # pylint: disable=protected-access
   found = {}
   for path, node in nnx.iter_graph(model):
     if isinstance(node, nnx.Module) and isinstance(getattr(node, "to_nnx__module", None), cls):
@@ -233,7 +238,7 @@ def test_no_state_added_to_the_model():
 def test_te_plan_counts_like_the_emulation():
   c = _config(nvfp4_keep_first_layers=1, nvfp4_targets="attention")
   s = settings_lib.from_config(c)
-  fresh = lambda: plan.FpropPlan(settings=s, locator=plan.GemmLocator(num_layers=3))  # noqa: E731
+  fresh = lambda: plan.FpropPlan(settings=s, locator=plan.GemmLocator(num_layers=3, signatures=MAXTEXT.kernel_signatures))  # noqa: E731
   p = fresh()
   got = [p(axes) for _ in range(3) for axes in LAYER_AXES]
   want = [("nvfp4" if l >= 1 and r in plan.ATTENTION_ROLES else "bf16") for l in range(3) for r in plan.decoder_roles()]

@@ -27,8 +27,10 @@ import jax
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_helpers import losses, read_metrics, tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 pytestmark = pytest.mark.slow
 

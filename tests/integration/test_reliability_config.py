@@ -16,10 +16,12 @@ import time
 
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_helpers import tiny_argv
 
 from maxtext.configs import pyconfig  # pylint: disable=wrong-import-order
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 # The tiny model has 3 decoder layers and steps=3 (tests/maxtext_helpers.py).
 # (overrides, words the one-line message must contain: key, value, allowed values or constraint)

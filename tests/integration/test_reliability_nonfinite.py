@@ -21,11 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import gemm
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import traced
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 NVFP4 = gemm.GemmRecipe()  # TE defaults: RHT, SR, 2D weights
 FP8 = gemm.GemmRecipe(fprop="fp8", dgrad="fp8", wgrad="fp8")
@@ -269,7 +271,7 @@ def test_maxtext_model_loss_and_grads_are_nan_with_a_nan_weight():
   loss, grads = loss_and_grads(model)
   assert np.isfinite(float(loss))
   assert all(_all_finite(g) for g in jax.tree_util.tree_leaves(grads))
-  traced = quantization.traced_gemms()
+  traced = traced.traced_gemms()
   assert {(l, r) for (l, r, p, _) in traced if p == ("nvfp4",) * 3} >= {(0, "wi_0"), (0, "wi_1"), (0, "wo")}
 
   kernel = model.decoder.layers_0.mlp.wi_0.kernel

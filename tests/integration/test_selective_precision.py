@@ -18,11 +18,13 @@ import jax
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_nvfp4.core import gemm
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import traced
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_helpers import losses, tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 pytestmark = pytest.mark.slow
 
@@ -71,9 +73,9 @@ def runs(tmp_path_factory):
     ]:
       label[0] = name
       seen[name] = {}
-      quantization.traced_gemms(reset=True)
+      traced.traced_gemms(reset=True)
       _train(tiny_argv(out, run_name=name, steps=STEPS, **overrides))
-      result[name] = {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": quantization.traced_gemms()}
+      result[name] = {"losses": losses(os.path.join(out, f"{name}.jsonl")), "traced": traced.traced_gemms()}
 
     ckpt_dir = os.path.join(out, "nvfp4", "checkpoints")
     result["checkpoints"] = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
@@ -82,9 +84,9 @@ def runs(tmp_path_factory):
         shutil.rmtree(os.path.join(ckpt_dir, d))
     label[0] = "resumed"
     seen["resumed"] = {}
-    quantization.traced_gemms(reset=True)
+    traced.traced_gemms(reset=True)
     _train(tiny_argv(out, run_name="nvfp4", steps=STEPS, metrics_file=os.path.join(out, "resumed.jsonl"), **NVFP4))
-    result["resumed"] = {"losses": losses(os.path.join(out, "resumed.jsonl")), "traced": quantization.traced_gemms()}
+    result["resumed"] = {"losses": losses(os.path.join(out, "resumed.jsonl")), "traced": traced.traced_gemms()}
   finally:
     gemm.dot_general = orig
   result["seen"] = seen

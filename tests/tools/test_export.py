@@ -21,8 +21,10 @@ import struct
 import numpy as np
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_helpers import tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 pytestmark = pytest.mark.slow
 

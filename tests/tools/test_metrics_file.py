@@ -6,12 +6,14 @@ import types
 
 import pytest
 
-import maxtext_nvfp4  # pylint: disable=unused-import  (registers the plugin)
+import maxtext_nvfp4
 from maxtext_helpers import losses, read_metrics, tiny_argv
 
 from maxtext_nvfp4.tools import metrics
 
 from maxtext.common import metric_logger  # pylint: disable=wrong-import-order
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 
 def _logger(path, start_step=0):

@@ -400,9 +400,9 @@ def test_generated_train_py_creates_the_metrics_folder(tmp_path, series, monkeyp
 
 
 # Plugin mode without our entry point: exactly what `python -m maxtext_nvfp4.train` does (import the
-# package, which registers the plugin, then run MaxText's own train.main under absl).
+# package, register the plugin, then run MaxText's own train.main under absl).
 _PLUGIN_LAUNCHER = (
-    "import maxtext_nvfp4\n"
+    "import maxtext_nvfp4\nmaxtext_nvfp4.register()\n"
     "from absl import app\n"
     "from maxtext.trainers.pre_train import train\n"
     "app.run(train.main)\n"

@@ -9,10 +9,12 @@ import re
 import pytest
 import yaml
 
-import maxtext_nvfp4  # registers the plugin  # pylint: disable=unused-import
+import maxtext_nvfp4
 from maxtext_nvfp4.tools import data
 from maxtext_nvfp4.tools import recipes
 from maxtext_nvfp4.core import settings
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RECIPES = os.path.join(REPO, "recipes")

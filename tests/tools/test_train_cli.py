@@ -97,12 +97,12 @@ def test_start_up_lines_reach_the_console_once(capsys, caplog):
   would print that to the console a second time)."""
   import logging  # pylint: disable=import-outside-toplevel
 
-  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration.log_once import log_once  # pylint: disable=import-outside-toplevel
 
-  text = "maxtext-nvfp4: test line for _log_once"
+  text = "maxtext-nvfp4: test line for log_once"
   with caplog.at_level(logging.INFO):
-    quantization._log_once(text)  # pylint: disable=protected-access
-    quantization._log_once(text)  # pylint: disable=protected-access
+    log_once(text)
+    log_once(text)
   assert capsys.readouterr().out.count(text) == 1
   assert not [r for r in caplog.records if text in r.getMessage()]
 
@@ -110,7 +110,7 @@ def test_start_up_lines_reach_the_console_once(capsys, caplog):
 @pytest.mark.parametrize("name", [os.path.basename(p)[:-4] for p in recipes.list_recipes()])
 def test_type_check_accepts_every_packaged_recipe(name):
   """The start-up type check may refuse only what MaxText refuses: every packaged recipe passes it."""
-  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
 
   r = recipes.resolve([name])
-  assert plugin.field_error(r.values, list(r.sources)) is None
+  assert config_errors.field_error(r.values, list(r.sources)) is None
