@@ -50,7 +50,7 @@ def render_schema_class() -> str:
       "class Nvfp4Quantization(BaseModel):",
       '  """NVFP4 training (`quantization=nvfp4`), implemented by the maxtext_nvfp4 package.',
       "",
-      "  Defaults follow Transformer Engine's NVFP4BlockScaling recipe; maxtext_nvfp4.settings documents each key.",
+      "  Defaults follow Transformer Engine's NVFP4BlockScaling recipe; maxtext_nvfp4.core.settings documents each key.",
       '  """',
       "",
   ]
@@ -139,7 +139,7 @@ _COMMITS = (
         "validates from YAML and key=value overrides. nvfp4 is not an AQT mode, so\n"
         "it is exempt from the AQT deprecation warning.\n"
         "\n"
-        "The keys, defaults and allowed values mirror maxtext_nvfp4.settings, the\n"
+        "The keys, defaults and allowed values mirror maxtext_nvfp4.core.settings, the\n"
         "single source of truth; this patch is generated from it.",
     ),
     (
