@@ -222,7 +222,10 @@ def resolve_target(target: str | os.PathLike | None = None) -> Path:
   if target is None:
     spec = importlib.util.find_spec("maxtext")
     if spec is None or not spec.submodule_search_locations:
-      raise PatchError("MaxText is not installed (no importable `maxtext`); pip install maxtext==0.2.5 or pass --target")
+      from maxtext_nvfp4.integration import maxtext_versions  # pylint: disable=import-outside-toplevel
+
+      raise PatchError("MaxText is not installed (no importable `maxtext`); pip install"
+                       f" maxtext=={maxtext_versions.SUPPORTED[-1]} or pass --target")
     return Path(list(spec.submodule_search_locations)[0]).resolve()
   t = Path(target).resolve()
   if not t.is_dir():
