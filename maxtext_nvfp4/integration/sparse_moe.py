@@ -16,7 +16,7 @@ each ``gmm(lhs (M, K), rhs (E, K, N), group_sizes (E,))``: rows ``[s_e, s_e + m_
 is zero. The quantization object is never asked for the GEMM (only for megablox's int8/fp8 dtypes,
 ``get_quantization_dtypes``, moe.py:2224), so MaxText alone would run the experts unquantized.
 
-The interception (two wraps, listed in :data:`maxtext_nvfp4.integration.touchpoints.TOUCHES`):
+The interception (two wraps, listed in the MaxText adapter's ``touches``):
 
 * ``RoutedMoE.sparse_matmul``: when the layer's ``quant`` is ours, it asks it for the layer's three expert
   GEMMs (``expert_gemms()``: layer, role and recipes located exactly as the einsum path's
