@@ -131,14 +131,15 @@ def from_config(cfg, *, moe_layer_rules: Mapping[str, tuple[str, str]]) -> Model
   """The :class:`ModelLayout` of a MaxText config object or a mapping of its keys."""
   get = _getter(cfg)
   num_layers = int(get("num_decoder_layers", "base_num_decoder_layers", default=1))
-  sizes = (get("emb_dim", "base_emb_dim"), get("mlp_dim", "base_mlp_dim"), get("num_query_heads", "base_num_query_heads"),
-           get("num_kv_heads", "base_num_kv_heads"), get("head_dim"))
+  sizes = (get("emb_dim", "base_emb_dim"), get("mlp_dim", "base_mlp_dim"),
+           get("num_query_heads", "base_num_query_heads"), get("num_kv_heads", "base_num_kv_heads"), get("head_dim"))
   dims = None
   if None not in sizes:
     emb, mlp, q_heads, kv_heads, head_dim = (int(v) for v in sizes)
     dims = Dims(emb=emb, mlp=mlp, moe_mlp=int(get("moe_mlp_dim", "base_moe_mlp_dim", default=0) or 0),
                 q_heads=q_heads, kv_heads=kv_heads, head_dim=head_dim,
-                q_lora_rank=int(get("q_lora_rank", default=0) or 0), kv_lora_rank=int(get("kv_lora_rank", default=0) or 0),
+                q_lora_rank=int(get("q_lora_rank", default=0) or 0),
+                kv_lora_rank=int(get("kv_lora_rank", default=0) or 0),
                 qk_nope_head_dim=int(get("qk_nope_head_dim", default=0) or 0),
                 qk_rope_head_dim=int(get("qk_rope_head_dim", default=0) or 0),
                 v_head_dim=int(get("v_head_dim", default=0) or 0))

@@ -7,7 +7,8 @@ the kernel's mesh axes. The subclass here reuses all of that and changes what
 :mod:`maxtext_nvfp4.backends.te` describes: the recipe toggles, the per-GEMM precision plan and the
 seeded ``sr_rng`` stream. MaxText internals it relies on (its ``__init__`` is not called; the recipe and
 overlap-policy attributes and ``_wrap`` are MaxText's private names) are the MaxText adapter's
-(``te_recipe_attr``, ``te_overlap_attr``, ``te_sr_source_stream``, ``touches``). ``base_cls`` is passed in, so tests can use a fake.
+(``te_recipe_attr``, ``te_overlap_attr``, ``te_sr_source_stream``, ``touches``). ``base_cls`` is passed in,
+so tests can use a fake.
 """
 
 from __future__ import annotations

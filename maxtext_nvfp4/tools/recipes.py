@@ -297,7 +297,8 @@ def resolve(args: Sequence[str], *, recipes_dir: str | None = None, environ: Map
 
   environ = os.environ if environ is None else environ
   name, overrides = split_command_line(args)
-  path = find_recipe(name, recipes_dir) if name is not None else os.path.join(maxtext_configs_dir(), _maxtext_facts()[1].base_config)
+  path = (find_recipe(name, recipes_dir) if name is not None
+          else os.path.join(maxtext_configs_dir(), _maxtext_facts()[1].base_config))
   merged, chain, sources = read_chain(path)
   try:
     cli = OmegaConf.from_cli(list(overrides))
