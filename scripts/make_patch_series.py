@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from maxtext_nvfp4.core import settings
+from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.tools import patching
 
 REPO = Path(__file__).resolve().parents[1]
@@ -190,8 +191,9 @@ def build_series(pristine_pkg: str | os.PathLike, out_dir: str | os.PathLike) ->
 
     # 1. configs: enum member, schema section, MaxTextConfig mixin, no AQT warning; base.yml keys.
     t = (src / "configs/types.py").read_text(encoding="utf-8")
-    t = _edit(t, '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n',
-              '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n  NVFP4 = "nvfp4"\n')
+    version = patching.maxtext_version(pristine_pkg) or "unknown"
+    anchors = maxtext_versions.select(version).patch_anchors  # the pristine files' anchors, per MaxText version
+    t = _edit(t, anchors["quantization_enum_last"], anchors["quantization_enum_last"] + '  NVFP4 = "nvfp4"\n')
     t = _edit(t, "\n\nclass ModelArchitecture(BaseModel):",
               "\n\n" + render_schema_class() + "\n\nclass ModelArchitecture(BaseModel):")
     t = _edit(t, "    Quantization,\n    # Core Model Architecture\n",
@@ -200,9 +202,9 @@ def build_series(pristine_pkg: str | os.PathLike, out_dir: str | os.PathLike) ->
               '          "fp8",\n          "nanoo_fp8",\n          "nvfp4",\n      ) and not self.quantization.startswith("te_"):')
     (src / "configs/types.py").write_text(t, encoding="utf-8")
     b = (src / "configs/base.yml").read_text(encoding="utf-8")
-    b = _edit(b, "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n",
-              "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n"
-              "# 'nvfp4' for NVFP4 training (maxtext_nvfp4 package; see the nvfp4_* keys below).\n")
+    b = _edit(b, anchors["base_yml_quantization_comment"],
+              anchors["base_yml_quantization_comment"]
+              + "# 'nvfp4' for NVFP4 training (maxtext_nvfp4 package; see the nvfp4_* keys below).\n")
     b = _edit(b, 'te_comm_gemm_overlap: "disabled"\n', 'te_comm_gemm_overlap: "disabled"\n\n' + render_base_yml_block())
     (src / "configs/base.yml").write_text(b, encoding="utf-8")
     git("commit", "-q", "-a", "-m", _COMMITS[0][0] + "\n\n" + _COMMITS[0][1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
@@ -106,6 +107,16 @@ def quantization_class():
                                          switch_step=self.switch_step if switched is not None else None,
                                          seed=int(self.settings.seed)))
       return tuple(out)
+
+    @property
+    def quant_dg(self):
+      """Where the MaxText version's sparse_matmul reads ``quant.quant_dg`` unconditionally (the adapter's
+      ``sparse_matmul_reads_quant_dg``): a stand-in whose lhs/rhs dtypes are None (the gmm wrapper replaces
+      the kernel and ignores them). Elsewhere no such attribute, as MaxText's ``getattr(..., None)`` expects."""
+      if not touchpoints.adapter().sparse_matmul_reads_quant_dg:
+        raise AttributeError("quant_dg")
+      side = types.SimpleNamespace(numerics=types.SimpleNamespace(get_dtype=lambda: None))
+      return types.SimpleNamespace(fwd=types.SimpleNamespace(dg_quantizer=types.SimpleNamespace(lhs=side, rhs=side)))
 
     def get_block_size(self) -> int:
       # DenseGeneral's dummy init batch: one full NVFP4 block of tokens.

@@ -72,3 +72,9 @@ class MaxTextVersion:
   models_dir: str
   # the environment prefix pyconfig reads overrides from (M_STEPS=10)
   env_prefix: str
+  # the patch series' anchors in the pristine files (scripts/make_patch_series.py): the QuantizationType
+  # member after which NVFP4 is added (types.py), and base.yml's quantization comment line it extends
+  patch_anchors: Mapping[str, str]
+  # RoutedMoE.sparse_matmul reads ``quant.quant_dg`` unconditionally (get_quantization_dtypes): our emulated
+  # Quantization then carries a stand-in whose dtypes are None (the gmm wrapper ignores them)
+  sparse_matmul_reads_quant_dg: bool = False

@@ -129,4 +129,10 @@ ADAPTER = MaxTextVersion(
     base_config="base.yml",
     models_dir="models",
     env_prefix="M_",
+    patch_anchors={
+        "quantization_enum_last": '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n',
+        "base_yml_quantization_comment":
+            "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n",
+    },
+    sparse_matmul_reads_quant_dg=False,  # get_quantization_dtypes: getattr(self.quant, "quant_dg", None)
 )
