@@ -57,7 +57,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
   if choice.name == "te":
     if s.diagnostics:
       log_once("maxtext-nvfp4: nvfp4_diagnostics is available with the emulation backend only; no nvfp4/*"
-                " metrics on the TE backend", warn=True)
+               " metrics on the TE backend", warn=True)
     from maxtext.layers import quantizations  # pylint: disable=import-outside-toplevel
 
     te_quant = te_quantization.make_te_quantization(quantizations.TransformerEngineQuantization, config, s,
@@ -65,10 +65,10 @@ def make_quantization(config, quant_mode_str: str = "train"):
                                                     sr_source_stream=facts.te_sr_source_stream)
     if layout.moe_layers:  # nvfp4_backend=auto (te was refused by check_model): experts emulated
       log_once("maxtext-nvfp4: MoE expert GEMMs run emulated (TE JAX has no NVFP4 grouped GEMM); attention"
-                " and dense projections on TE")
-      experts = emulated_quantization.quantization_class()(settings=s, num_layers=int(config.num_decoder_layers),
-                                      locator=dataclasses.replace(locator, counts={}),
-                                      switch_step=s.switch_step(config.steps))
+               " and dense projections on TE")
+      experts = emulated_quantization.quantization_class()(settings=s, num_layers=layout.num_layers,
+                                                           locator=dataclasses.replace(locator, counts={}),
+                                                           switch_step=s.switch_step(config.steps))
       object.__setattr__(te_quant, "einsum", experts.einsum)
       object.__setattr__(te_quant, "expert_gemms", experts.expert_gemms)
     return te_quant
@@ -79,5 +79,6 @@ def make_quantization(config, quant_mode_str: str = "train"):
     diag_interval = int(s.diagnostics_interval)
     diagnostics.AGGREGATOR.armed = True  # the metrics writer now waits for and merges nvfp4/* reports
     log_once(f"maxtext-nvfp4: diagnostics on: nvfp4/* metrics every {diag_interval} steps")
-  return emulated_quantization.quantization_class()(settings=s, num_layers=int(config.num_decoder_layers), locator=locator,
-                               switch_step=s.switch_step(config.steps), diagnostics_interval=diag_interval)
+  return emulated_quantization.quantization_class()(settings=s, num_layers=layout.num_layers, locator=locator,
+                                                    switch_step=s.switch_step(config.steps),
+                                                    diagnostics_interval=diag_interval)

@@ -55,7 +55,6 @@ import contextvars
 import dataclasses
 import inspect
 import itertools
-import threading
 from typing import Any
 
 from maxtext_nvfp4.core import settings as settings_lib
@@ -101,22 +100,16 @@ class _Call:
 _ACTIVE: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("maxtext_nvfp4_sparse_moe", default=None)
 
 # Trace-time counts of gmm calls: "emulated" (our per-expert GEMM) and "maxtext" (MaxText's own kernel).
-_lock = threading.Lock()
-_gmm_calls: collections.Counter = collections.Counter()
+_gmm_calls = traced.TraceCounter()
 
 
 def gmm_calls(reset: bool = False) -> collections.Counter:
   """``{"emulated": n, "maxtext": m}``: grouped-GEMM calls traced since the last reset (a trace-time count)."""
-  with _lock:
-    out = collections.Counter(_gmm_calls)
-    if reset:
-      _gmm_calls.clear()
-  return out
+  return _gmm_calls.read(reset)
 
 
 def _count(kind: str, n: int = 1) -> None:
-  with _lock:
-    _gmm_calls[kind] += n
+  _gmm_calls.add(kind, n)
 
 
 @contextlib.contextmanager

@@ -14,9 +14,29 @@ import threading
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.integration import step as step_lib
 
-_lock = threading.Lock()
+
+
+class TraceCounter:
+  """A thread-safe ``collections.Counter`` of trace-time events, read (and optionally reset) as a copy."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._counts: collections.Counter = collections.Counter()
+
+  def add(self, key, n: int = 1) -> None:
+    with self._lock:
+      self._counts[key] += n
+
+  def read(self, reset: bool = False) -> collections.Counter:
+    with self._lock:
+      out = collections.Counter(self._counts)
+      if reset:
+        self._counts.clear()
+    return out
+
+
 # (layer, role, before-switch passes, after-switch passes or None) -> traces inside a train/eval step
-_traced: collections.Counter = collections.Counter()
+_traced = TraceCounter()
 
 
 def passes(recipe):
@@ -26,11 +46,7 @@ def passes(recipe):
 
 def traced_gemms(reset: bool = False) -> collections.Counter:
   """Emulated decoder GEMMs traced inside train/eval steps since the last reset (see ``_traced``)."""
-  with _lock:
-    out = collections.Counter(_traced)
-    if reset:
-      _traced.clear()
-  return out
+  return _traced.read(reset)
 
 
 def step_inputs(layer, role, seed, recipe, switched, switch_step):
@@ -43,8 +59,7 @@ def step_inputs(layer, role, seed, recipe, switched, switch_step):
 
   step = step_lib.current_step()
   if step is not None:
-    with _lock:
-      _traced[(layer, role, passes(recipe), passes(switched))] += 1
+    _traced.add((layer, role, passes(recipe), passes(switched)))
   training = step is not None and step_lib.in_train_step()
   step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
   use_switched = None if switched is None else step >= switch_step
