@@ -54,6 +54,8 @@ def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
   """One adapter class per MaxText base class (stable identity: MaxText compares quant objects)."""
   if (base_cls, sr_source_stream) in _SUBCLASSES:
     return _SUBCLASSES[(base_cls, sr_source_stream)]
+  facts = touchpoints.adapter()
+  recipe_attr, overlap_attr = facts.te_recipe_attr, facts.te_overlap_attr  # the base class's private names
 
   class Nvfp4TransformerEngineQuantization(base_cls):  # type: ignore[misc, valid-type]
     """MaxText's TE quantization with our NVFP4 toggles, per-GEMM plan and seeded ``sr_rng``."""
@@ -64,9 +66,9 @@ def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
       self.quant_mode = "train"
       self._settings = settings
       self._plan = plan
-      self._recipe = te_recipe("nvfp4", settings)
+      setattr(self, recipe_attr, te_recipe("nvfp4", settings))
       # MaxText's TeCommGemmOverlapPolicy is a str enum; "disabled" compares equal to DISABLED.
-      self._te_comm_gemm_overlap_policy = getattr(config, "te_comm_gemm_overlap", "disabled")
+      setattr(self, overlap_attr, getattr(config, "te_comm_gemm_overlap", "disabled"))
       # first step of the late precision switch (None: off)
       self._switch_step = settings.switch_step(getattr(config, "steps", None))
 
@@ -118,7 +120,7 @@ def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
       routed = self
       if precision != "nvfp4":
         routed = copy.copy(self)
-        routed._recipe = te_recipe(precision, self._settings)  # pylint: disable=protected-access
+        setattr(routed, recipe_attr, te_recipe(precision, self._settings))
       elif self._switch_step is not None:
         return self._switched_dot_general_cls(mesh_axes)
       # MaxText's implementation: TEWrapper(dense(x, kernel, contracting_dims, quantizer_set, ...)).
@@ -139,7 +141,7 @@ def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
       after_recipe = None if s.switch_to == "bf16" else te_recipe(s.switch_to, s)
       forward_only = s.switch_scope == "forward"
       switch_step = int(self._switch_step)
-      overlap = self._te_comm_gemm_overlap_policy
+      overlap = getattr(self, overlap_attr)
 
       def te_switched_dot_general(generate_quantizer_set, generate_collective_op_set, x, kernel, dims, **kwargs):
         del kwargs  # as MaxText's te_dot_general: TE's dense takes no precision arguments
