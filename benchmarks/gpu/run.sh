@@ -228,10 +228,18 @@ has tests && stage tests "JAX_PLATFORMS=$PLATFORM $PY -m pytest -q -p no:cachepr
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
   --variants ${MLP_VARIANTS:-bf16,nvfp4,fp8,sdg} --json $WORK/mlp.json"
 
-# hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz).
-has hlo && stage hlo "$PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvfp4 --modes fwdbwd \
+# hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz). XLA's own dump of this
+# real device's compiles (optimized HLO, buffer assignment, live ranges) and its gpu_target_config.pbtxt are
+# kept in hlo/xla_dump/ and hlo/gpu_target_config.pbtxt: the config is what
+# `benchmarks/gpu/deviceless.py --spec hlo/gpu_target_config.pbtxt` compiles for (predicted vs measured).
+# The compilation cache is off here: a cache hit would compile nothing and dump nothing.
+has hlo && stage hlo "mkdir -p $WORK/hlo/xla_dump && export JAX_ENABLE_COMPILATION_CACHE=false \
+  XLA_FLAGS=\"\${XLA_FLAGS:-} --xla_dump_to=$WORK/hlo/xla_dump --xla_dump_hlo_as_text\" && \
+  $PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvfp4 --modes fwdbwd \
   --dump-hlo $WORK/hlo --json $WORK/mlp_hlo.json && $PY benchmarks/quantizer_hlo.py --shape $QUANT_SHAPE \
-  --dump $WORK/hlo --json $WORK/quantizer_hlo.json"
+  --dump $WORK/hlo --json $WORK/quantizer_hlo.json; rc=\$?; \
+  cfg=\$(ls $WORK/hlo/xla_dump/*gpu_target_config.pbtxt 2>/dev/null | head -1); \
+  [ -n \"\$cfg\" ] && cp \"\$cfg\" $WORK/hlo/gpu_target_config.pbtxt; exit \$rc"
 
 has quant && stage quant "$PY benchmarks/quantize_bench.py $QUANT_ARGS"
 
