@@ -48,6 +48,9 @@ operands of arithmetic and dots (exact integer/exponent paths, RHT of tiny group
 its algebraic simplifier rewrites ``x / constant`` as ``x * fl(1/constant)``; XLA:GPU divides with PTX
 ``div.full.f32``, 1 ulp off for about a quarter of all quotients (found on the H200). So every quotient
 here, ``amax / 2688`` included, is :func:`formats.div_rn`: the IEEE quotient on every backend. ``dequantize`` is bit-exact with TE JAX's under jit.
+Where fp32 arithmetic keeps subnormals (XLA:GPU, ``lax.platform_dependent`` branch ``cuda``) the element product
+and the RHT's tiny-group upscale are plain products, and off CPU the SR bytes are hashed per element: the same
+bits with fewer passes over memory (``tests/core/test_nvfp4_gpu_paths.py`` checks each against its other form).
 
 Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
 f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
