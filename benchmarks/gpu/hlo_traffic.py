@@ -5,7 +5,8 @@
 reads ``DIR/<NAME>.hlo.txt`` (the ``hlo`` stage of ``benchmarks/gpu/run.sh`` writes them, and they come
 back in ``hlo.tgz``). A kernel's traffic is the bytes of its operands plus its outputs, as counted by
 ``benchmarks/quantizer_hlo.py``; loops and calls are walked into. GEMMs are cuBLAS custom calls and
-fusions that XLA emits as Triton GEMMs.
+fusions that XLA emits as Triton GEMMs. ``benchmarks/gpu/deviceless.py`` uses ``traffic`` for programs it
+compiles for an H200 spec on a CPU (compile-derived, no autotuning).
 """
 
 from __future__ import annotations

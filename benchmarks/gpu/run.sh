@@ -7,11 +7,11 @@
 #   setup  install the wheel bundle .whl/ into $SITE (skipped when maxtext imports)    30 s
 #   env    date, commit, GPU, jax; stop here unless jax sees the expected platform     15 s
 #   tests  bit-exactness on the GPU backend: tests/test_numerics.py, test_gemm.py
-#          (less its 2 slowest non-bit tests), test_quantizer_hlo.py; pytest -n 8    100 s
+#          (less its 2 slowest non-bit tests), test_quantizer_hlo.py; pytest -n 8     90 s
 #   mlp    mlp_bench.py SwiGLU 8192x4096x14336 fwd+bwd bf16/nvfp4/fp8/sdg, one process
 #          per variant (correctness check first, compiled memory, device peak)       110 s
 #   hlo    optimized-HLO counts: mlp_bench --dump-hlo (bf16, nvfp4) and
-#          quantizer_hlo.py (passes over memory of each quantizer call)               30 s
+#          quantizer_hlo.py (passes over memory of each quantizer call), XLA dump      40 s
 #   quant  quantize_bench.py 1D/2D/RHT quantizer vs a copy, 8192x4096 and 8192x14336   25 s
 #   step   maxtext_step_bench.py 4-layer Llama-3-8B shape, seq 4096, pdbs 2:
 #          bf16, nvfp4 (emulate, full recipe), fp8 -- in that order                  170 s
@@ -61,17 +61,17 @@ done
 # the issue's prototype numbers, see benchmarks/RESULTS.md "GPU preparation").
 # ---------------------------------------------------------------------------------------------------
 ALL_STAGES="setup env tests mlp hlo quant step moe"
-declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=100 [mlp]=110 [hlo]=30 [quant]=25 [step]=170 [moe]=140)
+declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
 declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
 # H200 estimates; measured 2026-11-30 (benchmarks/RESULTS.md): tests 41, mlp 106, hlo 11, quant 5, step
 # ~65 per variant (compile included).
-declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [mlp]=106 [hlo]=11 [quant]=5 [step]=200 [moe]=130)
+declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
 declare -A WHAT=(
   [setup]="pip install .whl/*.whl into $SITE (offline; skipped when maxtext already imports)"
   [env]="date, commit, nvidia-smi, jax version and devices; stops unless jax sees a GPU (--cpu: CPU)"
   [tests]="GPU bit-exactness: test_numerics, test_fp8, test_gemm (-k not switch_under_jit/remat_and_scan), test_quantizer_hlo"
   [mlp]="SwiGLU 8192x4096x14336 fwd+bwd: bf16, nvfp4 (full recipe), fp8, sdg; --isolate, 3 warmup + 20 iters"
-  [hlo]="optimized-HLO counts: MLP fwd+bwd bf16/nvfp4 (--dump-hlo) and quantizer_hlo.py at 8192x4096"
+  [hlo]="optimized-HLO counts: MLP fwd+bwd bf16/nvfp4 (--dump-hlo) and quantizer_hlo.py at 8192x4096; XLA dump + gpu_target_config (no cache)"
   [quant]="quantizer 1d/2d/rht vs copy at 8192x4096 and 8192x14336, 10 iters"
   [step]="MaxText llama3-8b 4 layers, seq 4096, pdbs 2: bf16, nvfp4, fp8; 20 steps, median of steps 8..19"
   [moe]="MaxText MoE proxy (8 experts top-2, einsum path, 4 layers): bf16, nvfp4; 15 steps, median of 5..14"
@@ -228,10 +228,18 @@ has tests && stage tests "JAX_PLATFORMS=$PLATFORM $PY -m pytest -q -p no:cachepr
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
   --variants ${MLP_VARIANTS:-bf16,nvfp4,fp8,sdg} --json $WORK/mlp.json"
 
-# hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz).
-has hlo && stage hlo "$PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvfp4 --modes fwdbwd \
+# hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz). XLA's own dump of this
+# real device's compiles (optimized HLO, buffer assignment, live ranges) and its gpu_target_config.pbtxt are
+# kept in hlo/xla_dump/ and hlo/gpu_target_config.pbtxt: the config is what
+# `benchmarks/gpu/deviceless.py --spec hlo/gpu_target_config.pbtxt` compiles for (predicted vs measured).
+# The compilation cache is off here: a cache hit would compile nothing and dump nothing.
+has hlo && stage hlo "mkdir -p $WORK/hlo/xla_dump && export JAX_ENABLE_COMPILATION_CACHE=false \
+  XLA_FLAGS=\"\${XLA_FLAGS:-} --xla_dump_to=$WORK/hlo/xla_dump --xla_dump_hlo_as_text\" && \
+  $PY benchmarks/mlp_bench.py $MLP_SHAPE --variants bf16,nvfp4 --modes fwdbwd \
   --dump-hlo $WORK/hlo --json $WORK/mlp_hlo.json && $PY benchmarks/quantizer_hlo.py --shape $QUANT_SHAPE \
-  --dump $WORK/hlo --json $WORK/quantizer_hlo.json"
+  --dump $WORK/hlo --json $WORK/quantizer_hlo.json; rc=\$?; \
+  cfg=\$(ls $WORK/hlo/xla_dump/*gpu_target_config.pbtxt 2>/dev/null | head -1); \
+  [ -n \"\$cfg\" ] && cp \"\$cfg\" $WORK/hlo/gpu_target_config.pbtxt; exit \$rc"
 
 has quant && stage quant "$PY benchmarks/quantize_bench.py $QUANT_ARGS"
 

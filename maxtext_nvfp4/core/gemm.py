@@ -486,6 +486,10 @@ def _gemm2d_bwd(static, res, dy):
   kd, kw = sr_keys(key) if key is not None else (None, None)
   g = static.groups
   dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g))
+  # dgrad before the wgrad operands exist: each pass's full-size quantized operands are dead before the
+  # next pass makes its own (XLA:GPU otherwise fused the element passes of both into one kernel, and with
+  # it all of their outputs were live at once). Ordering only: the same bits.
+  dx, dy = lax.optimization_barrier((dx, dy))
   dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype, g))
   return dx, dw, None, None
 

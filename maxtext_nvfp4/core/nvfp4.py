@@ -48,6 +48,9 @@ operands of arithmetic and dots (exact integer/exponent paths, RHT of tiny group
 its algebraic simplifier rewrites ``x / constant`` as ``x * fl(1/constant)``; XLA:GPU divides with PTX
 ``div.full.f32``, 1 ulp off for about a quarter of all quotients (found on the H200). So every quotient
 here, ``amax / 2688`` included, is :func:`formats.div_rn`: the IEEE quotient on every backend. ``dequantize`` is bit-exact with TE JAX's under jit.
+Where fp32 arithmetic keeps subnormals (XLA:GPU, ``lax.platform_dependent`` branch ``cuda``) the element product
+and the RHT's tiny-group upscale are plain products, and off CPU the SR bytes are hashed per element: the same
+bits with fewer passes over memory (``tests/core/test_nvfp4_gpu_paths.py`` checks each against its other form).
 
 Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
 f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
@@ -214,7 +217,7 @@ def _lowbias32(h):
   return h ^ (h >> 16)
 
 
-def _random_bytes(key, shape):
+def _random_bytes(key, shape, per_element: bool | None = None):
   """Uniform random ``uint8`` of ``shape`` for stochastic rounding: a keyed counter-based hash.
 
   ``word[i] = H(H(i + k0) ^ k1)`` with ``H`` = :func:`_lowbias32`, ``i`` the word's position in the
@@ -226,21 +229,42 @@ def _random_bytes(key, shape):
   shard-locally. SR matches TE in distribution only either way: TE draws Philox bits tied to its CUDA
   thread mapping, which cannot be reproduced. The bytes are uniform and, for practical purposes,
   independent across elements, tensors and keys (``tests/test_numerics.py`` checks histograms and
-  correlations).
+  correlations). ``per_element`` chooses how the words become bytes (same bits either way; default: by word
+  on CPU, per element elsewhere).
   """
   shape = tuple(shape)
   k = jax.random.bits(key, (2,), jnp.uint32)
   per_word = 4 if shape and shape[-1] % 4 == 0 else 1
   wshape = shape[:-1] + (shape[-1] // per_word,) if shape else ()
-  idx = jnp.zeros(wshape, jnp.uint32)
+  hash_words = lambda idx: _lowbias32(_lowbias32(idx + k[0]) ^ k[1])  # noqa: E731
+  if per_word == 1:
+    return (hash_words(_word_index(wshape, wshape, 1)) & np.uint32(0xFF)).astype(jnp.uint8)
+
+  def by_word():  # one hash per word, split into its 4 bytes: least work (XLA:CPU)
+    return lax.bitcast_convert_type(hash_words(_word_index(wshape, wshape, 1)), jnp.uint8).reshape(shape)
+
+  def by_element():
+    # The same bytes: each element hashes its own word and takes byte (c mod 4) of it, little-endian like
+    # the bitcast. 4x the integer work, but elementwise, so XLA:GPU fuses it into the quantizer's element
+    # pass (it wrote the words' u32 -> u8 bitcast out in full: 2 B/element; H200 compile, 2026-12-01).
+    byte = lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1) % np.uint32(4)
+    return ((hash_words(_word_index(shape, wshape, 4)) >> (byte * np.uint32(8))) & np.uint32(0xFF)).astype(jnp.uint8)
+
+  if per_element is None:
+    return lax.platform_dependent(cpu=by_word, default=by_element)
+  return by_element() if per_element else by_word()
+
+
+def _word_index(ishape, wshape, last_div):
+  """Row-major index into ``wshape`` of every position of ``ishape`` (its last axis divided by ``last_div``)."""
+  idx = jnp.zeros(ishape, jnp.uint32)
   stride = 1
   for d in range(len(wshape) - 1, -1, -1):
-    idx = idx + lax.broadcasted_iota(jnp.uint32, wshape, d) * np.uint32(stride % 2**32)
+    i = lax.broadcasted_iota(jnp.uint32, ishape, d)
+    i = i // np.uint32(last_div) if d == len(wshape) - 1 and last_div > 1 else i
+    idx = idx + i * np.uint32(stride % 2**32)
     stride *= wshape[d]
-  words = _lowbias32(_lowbias32(idx + k[0]) ^ k[1])
-  if per_word == 1:
-    return (words & np.uint32(0xFF)).astype(jnp.uint8)
-  return lax.bitcast_convert_type(words, jnp.uint8).reshape(shape)
+  return idx
 
 
 # ----------------------------------------------------------------------------------------------
@@ -283,12 +307,28 @@ def _rht_plain(xb, g):
   return round_to_bf16(y)
 
 
+def _rht_upscale_flush_to_zero_safe(xb, tiny):
+  """``xb * 2**64`` in the tiny groups, ``xb`` elsewhere, exact on a flush-to-zero backend."""
+  m, k = _split_subnormal(xb)  # xb == m * 2**k, m normal or zero
+  return jnp.where(tiny, m * _pow2(jnp.where(k == 0, _RHT_UP, _RHT_UP - 126)), xb)
+
+
+def _rht_upscale_ieee(xb, tiny):
+  """The same where fp32 arithmetic keeps subnormals (XLA:GPU: ``xla_gpu_ftz`` is off by default)."""
+  return xb * jnp.where(tiny, _pow2(_RHT_UP), np.float32(1.0))
+
+
 def _rht_exact(xb, g, tiny):
   """RHT when some group's max |x| is below 2**-60: those groups are transformed at 2**64 scale."""
-  m, k = _split_subnormal(xb)  # xb == m * 2**k, m normal or zero
-  up = m * _pow2(jnp.where(k == 0, _RHT_UP, _RHT_UP - 126))
-  xs = jnp.where(tiny, up, xb)
-  y = _rht16(xs, g)
+  # A multiply by a per-group power of two where the backend keeps subnormals (XLA:GPU): cheap enough for
+  # XLA:GPU to fuse into the transform (the exact split was written out as a full-size fp32 array there:
+  # 8 B/element; H200 compile, 2026-12-01). Same values: both are the exact xb * 2**64.
+  xs = lax.platform_dependent(xb, tiny, cuda=_rht_upscale_ieee, default=_rht_upscale_flush_to_zero_safe)
+  return _rht_round_back(_rht16(xs, g), tiny)
+
+
+def _rht_round_back(y, tiny):
+  """The RHT sums ``y`` (tiny groups at 2**64 scale) rounded once to bf16 at their true size."""
   # Back to the true size with ONE bf16 rounding. Normal results: bf16 rounding commutes with the
   # power-of-two scale. Results below 2**-126: the bf16 subnormal grid is N * 2**-133 (fp32 bits N << 16),
   # i.e. N = RNE(|y'| * 2**(133 - 64)) in the scaled domain, composed from bits (no subnormal arithmetic).
@@ -320,7 +360,10 @@ def _rht_bf16(x, axis, branchless=None):
   xb = blocked()
   gmax = jnp.max((_bits(xb) & _F32_ABS_MASK).astype(jnp.int32), axis=axis + 1, keepdims=True)
   tiny = gmax < int(np.float32(_RHT_TINY).view(np.int32))
-  exact = lambda: _bf16_grid_to_bf16(_rht_exact(blocked(), axis + 1, tiny))
+  # The exact path reads ``tiny`` as a materialized per-group flag (1/16 of the data): otherwise XLA:GPU
+  # fuses the tiny-group select into the group-max reduce and writes its result as a full-size fp32 array
+  # for the transform to read back (8 B/element; H200 compile, 2026-12-01).
+  exact = lambda: _bf16_grid_to_bf16(_rht_exact(blocked(), axis + 1, lax.optimization_barrier(tiny)))
   plain = lambda: _bf16_grid_to_bf16(_rht_plain(blocked(), axis + 1))
   branchy = lambda: lax.cond(jnp.any(tiny), exact, plain)
   if branchless is None:
@@ -456,6 +499,23 @@ def _block_scales(xb, red):
   return amax, s8, enc
 
 
+def _abs_times_enc_flush_to_zero_safe(b, enc):
+  """``fl(|x| * enc)`` from x's bits ``b``, exact on flush-to-zero backends (a subnormal x times an enc below
+  2**23 gives 0 here instead of a product below 2**-103: the same E2M1 code, 0)."""
+  ab = b & np.uint32(_F32_ABS_MASK)
+  is_sub = ((b >> 23) & np.uint32(0xFF)) == 0  # zero or subnormal x, from the exponent field
+  # enc * 2**-149 from the bits (the constant 2**-149 is itself subnormal: XLA:CPU would read it as 0).
+  enc_bits = _bits(enc)
+  enc_lo = jnp.where(enc_bits >= np.uint32(150 << 23), _from_bits(enc_bits - np.uint32(149 << 23)), np.float32(0))
+  enc_lo = jnp.where(jnp.isnan(enc), enc, enc_lo)
+  return jnp.where(is_sub, ab.astype(jnp.int32).astype(jnp.float32) * enc_lo, _from_bits(ab) * enc)
+
+
+def _abs_times_enc_ieee(b, enc):
+  """``fl(|x| * enc)`` where fp32 arithmetic keeps subnormals (XLA:GPU: ``xla_gpu_ftz`` is off by default)."""
+  return _from_bits(b & np.uint32(_F32_ABS_MASK)) * enc
+
+
 def _e2m1_code_of_product(xb, enc, u=None):
   """E2M1 code of ``q = e2m1(clip(fl(x * enc), -6, 6))``: (magnitude index k in 0..7 as fp32, sign).
 
@@ -472,16 +532,10 @@ def _e2m1_code_of_product(xb, enc, u=None):
   reproduces the threshold table (ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
   """
   b = _bits(xb)
-  ab = b & np.uint32(_F32_ABS_MASK)
-  # Zero or subnormal, from the exponent field rather than as ``ab < 2**23``: the block amax also masks the
-  # bits to ``ab``, and with that node shared XLA:GPU emitted this predicate from the amax reduce fusion as
-  # a full-size pred array (1 byte per element written, then read here; H200 HLO, 2026-11-30).
-  is_sub = ((b >> 23) & np.uint32(0xFF)) == 0
-  # enc * 2**-149 from the bits (the constant 2**-149 is itself subnormal: XLA:CPU would read it as 0).
-  enc_bits = _bits(enc)
-  enc_lo = jnp.where(enc_bits >= np.uint32(150 << 23), _from_bits(enc_bits - np.uint32(149 << 23)), np.float32(0))
-  enc_lo = jnp.where(jnp.isnan(enc), enc, enc_lo)
-  y = jnp.where(is_sub, ab.astype(jnp.int32).astype(jnp.float32) * enc_lo, _from_bits(ab) * enc)
+  # Where fp32 keeps subnormals (XLA:GPU) the plain product is the same fl(|x| * enc); the flush-to-zero
+  # select cost the GPU a full-size pred array (XLA fused it into the block-amax reduce as a second output:
+  # 1 B/element written and read back; H200 compile, 2026-12-01).
+  y = lax.platform_dependent(b, enc, cuda=_abs_times_enc_ieee, default=_abs_times_enc_flush_to_zero_safe)
   a = jnp.minimum(y, np.float32(E2M1_MAX))  # NaN stays NaN
   k = formats.grid_index(a, E2M1, u)
   nan = jnp.isnan(a)

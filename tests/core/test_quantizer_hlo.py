@@ -148,8 +148,12 @@ def test_cuda_lowering_materializes_only_the_rht_output(case):
   """On every backend an optimization_barrier forces its operand into memory. For the GPU program the
   quantizer has one on the block maxima (1/16 of the data; keeps the tensor amax a second, small
   reduction) and, on the RHT path, one on the bf16 RHT output (written once, read by the block amax and
-  the element pass). No other full-size array is forced into memory, and none in f32."""
+  the element pass) and one on the per-group tiny flag (a pred, 1/16 of the data: keeps XLA:GPU from
+  writing the tiny-group select out in fp32). No other full-size array is forced into memory, and none
+  in f32."""
   types = _barrier_operand_types(qh.CASES[case][1])
   full = [t for t in types if t.startswith(f"tensor<{SHAPE[0]}x{SHAPE[1]}x")]
-  assert len(types) == (2 if "rht" in case else 1), types
+  assert len(types) == (3 if "rht" in case else 1), types
   assert full == (["tensor<256x512xbf16>"] if "rht" in case else []), types
+  if "rht" in case:
+    assert f"tensor<{SHAPE[0] // 16}x1x{SHAPE[1]}xi1>" in types, types

@@ -1,0 +1,258 @@
+"""Compile our programs for an H100/H200 on a CPU (no GPU) and count what XLA:GPU makes of them.
+
+    python benchmarks/gpu/deviceless.py [--spec h200|h100_sxm|FILE] [--programs a,b,...] [--json F] [--dump DIR]
+
+Needs ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` at jax's version (the ``dev`` extras; ~290 MB, no CUDA
+libraries) and runs with ``JAX_PLATFORMS=cpu``: ``jax.experimental.topologies.get_topology_desc(platform=
+"cuda", target_config=<spec>)`` gives compile-only devices, and ``jit(f).trace(ShapeDtypeStructs on such a
+device).lower().compile()`` runs every XLA:GPU pass down to sm_90a code. The specs are XLA's own
+``GpuTargetConfigProto`` files, vendored in ``benchmarks/gpu/specs/`` (commit in each file's header); a real
+device's ``gpu_target_config.pbtxt`` (written by ``--xla_dump_to`` on a GPU run) can be passed as FILE.
+
+Everything this prints is **compile-derived, without autotuning**: every dot becomes a Triton GEMM fusion with
+default tiles where a real run may pick cuBLAS, so the GEMM kernels and the kernels right around them can
+differ from a real run's (the non-GEMM kernels of the quantizer and of the bf16 MLP matched the 2026-11-30
+H200 run exactly). It is no substitute for a measurement on the device.
+
+Per program (``PROGRAMS``): compile seconds (on this CPU), kernels and bytes per kernel class (GEMM / other;
+``hlo_traffic.traffic``, the operand + output bytes of each kernel as ``quantizer_hlo.py`` counts them),
+bytes per element of the reference operand (``quantizer_hlo.hlo_stats``: passes, full writes, full-size
+32-bit temporaries), XLA's ``memory_analysis()`` (argument / output / temp MiB) and the largest buffers of
+the temp allocation from XLA's buffer assignment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import importlib.util
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_HERE))  # benchmarks/ (quantizer_hlo, mlp_bench)
+sys.path.insert(0, _HERE)  # benchmarks/gpu (hlo_traffic)
+sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the checkout (maxtext_nvfp4)
+
+import hlo_traffic  # noqa: E402  pylint: disable=wrong-import-position
+import quantizer_hlo as qh  # noqa: E402  pylint: disable=wrong-import-position
+
+SPECS_DIR = os.path.join(_HERE, "specs")
+SPECS = ("h200", "h100_sxm")
+_PLUGINS = ("jax_cuda12_plugin", "jax_plugins.xla_cuda12")
+HEADLINE = "compile-derived: XLA:GPU deviceless compile on a CPU host, no autotuning (not a GPU measurement)"
+
+
+def unavailable_reason() -> str | None:
+  """None when deviceless GPU compilation can run here; otherwise why not (one line)."""
+  missing = [m for m in ("jax_cuda12_plugin",) if importlib.util.find_spec(m) is None]
+  if missing or importlib.util.find_spec("jax_plugins") is None:
+    return (f"jax-cuda12-plugin / jax-cuda12-pjrt=={jax.__version__} not installed"
+            f" (pip install -e '.[dev]' installs them)")
+  return None
+
+
+def spec_text(spec: str) -> str:
+  """The GpuTargetConfigProto text of a vendored spec name (``SPECS``) or of a file path."""
+  path = spec if os.path.exists(spec) else os.path.join(SPECS_DIR, f"{spec}.txtpb")
+  if not os.path.exists(path):
+    raise ValueError(f"unknown GPU spec {spec!r}: choose one of {SPECS} or pass a gpu_target_config.pbtxt path")
+  with open(path) as fh:
+    return fh.read()
+
+
+@functools.lru_cache(maxsize=None)
+def device(spec: str = "h200"):
+  """A compile-only CUDA device for ``spec`` (raises RuntimeError with the fix when the plugin is missing)."""
+  reason = unavailable_reason()
+  if reason:
+    raise RuntimeError(f"deviceless GPU compile: {reason}")
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  return topologies.get_topology_desc(platform="cuda", target_config=spec_text(spec), topology="1x1x1").devices[0]
+
+
+def on_device(args, spec: str = "h200"):
+  """``args`` (a pytree of arrays / ShapeDtypeStructs) as ShapeDtypeStructs placed on the spec's device."""
+  sharding = jax.sharding.SingleDeviceSharding(device(spec))
+  return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), args)
+
+
+def compile_for(fn, args, *, spec: str = "h200", dump_dir: str | None = None):
+  """``jax.jit(fn)`` compiled for the spec's GPU from abstract ``args`` (XLA's dump into ``dump_dir``)."""
+  jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
+  lowered = jitted.trace(*on_device(args, spec)).lower()
+  options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
+  return lowered.compile(options) if options else lowered.compile()
+
+
+_VALUE = re.compile(r"value: <\d+ ([\w.-]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")
+
+
+def largest_temp_buffers(buffer_assignment: str, top: int = 6) -> list[dict]:
+  """The ``top`` largest values of the preallocated-temp allocation of an XLA buffer-assignment text."""
+  out, in_temp = [], False
+  for line in buffer_assignment.splitlines():
+    if line.startswith("allocation "):
+      in_temp = "preallocated-temp" in line
+      continue
+    m = _VALUE.search(line) if in_temp else None
+    if m and not m.group(5).startswith("("):
+      out.append(dict(name=m.group(1), shape=m.group(5).split("{")[0], mib=int(m.group(3)) / 2**20))
+  return sorted(out, key=lambda d: -d["mib"])[:top]
+
+
+def analyze(fn, args, *, n_elements: int, spec: str = "h200", keep_dump: str | None = None) -> dict:
+  """Compile ``fn(*args)`` for the spec and count it (see the module docstring); ``n_elements`` is the size of
+  the reference operand (per-element bytes and the "full-size" threshold)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    dump = keep_dump or tmp
+    t0 = time.perf_counter()
+    compiled = compile_for(fn, args, spec=spec, dump_dir=dump)
+    seconds = time.perf_counter() - t0
+    text = compiled.as_text()
+    assignments = sorted(glob.glob(os.path.join(dump, "*after_optimizations-buffer-assignment.txt")),
+                         key=os.path.getmtime)
+    buffers = []
+    if assignments:
+      with open(assignments[-1]) as fh:
+        buffers = largest_temp_buffers(fh.read())
+  mem = compiled.memory_analysis()
+  traffic = hlo_traffic.traffic(text)
+  stats = qh.hlo_stats(text, n_elements)
+  mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+  return dict(
+      compile_s=round(seconds, 1),
+      gemm_kernels=traffic["gemm"][0], gemm_gib=round(traffic["gemm"][1] / 2**30, 3),
+      other_kernels=traffic["other"][0], other_gib=round(traffic["other"][1] / 2**30, 3),
+      bytes_per_element=stats["traffic_bytes_per_element"], operand_reads=stats["operand_reads"],
+      full_writes=stats["full_writes"], f32_temps=stats["f32_temps"],
+      argument_mib=mib(mem.argument_size_in_bytes), output_mib=mib(mem.output_size_in_bytes),
+      temp_mib=mib(mem.temp_size_in_bytes),
+      total_mib=mib(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+                    - mem.alias_size_in_bytes),
+      largest_temps=[f"{b['name']} {b['shape']} {b['mib']:.1f} MiB" for b in buffers],
+      hlo=text,
+  )
+
+
+# ----------------------------------------------------------------------------------------------
+# The programs: name -> (what, builder(shape) -> (fn, abstract args, n_elements))
+# ----------------------------------------------------------------------------------------------
+_BF16 = jnp.bfloat16
+_KEY = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+
+
+def _sds(*shape, dtype=_BF16):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _quantizer(case):
+  def build(m=8192, k=4096, **_):
+    return qh.CASES[case][1], (_sds(m, k), _KEY), m * k
+  return build
+
+
+def _gemm_pass(name):
+  from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
+
+  r = gemm.GemmRecipe()
+
+  def build(m=8192, k=4096, n=14336, **_):
+    if name == "fprop":  # y = x W: x 1x16 RNE, W 16x16 RNE
+      return (lambda x, w, key: gemm._fprop(r, x, w, _BF16)), (_sds(m, k), _sds(k, n), _KEY), m * k  # pylint: disable=protected-access
+    if name == "dgrad":  # dx = dy W^T: dy 1x16 SR, W 16x16
+      return ((lambda dy, w, key: gemm._dgrad(r, dy, w, key, k, _BF16)),  # pylint: disable=protected-access
+              (_sds(m, n), _sds(k, n), _KEY), m * n)
+    # wgrad: dW = x^T dy, both RHT 1x16 along tokens (dy SR)
+    return ((lambda x, dy, key: gemm._wgrad(r, x, dy, key, _BF16)),  # pylint: disable=protected-access
+            (_sds(m, k), _sds(m, n), _KEY), m * n)
+  return build
+
+
+def _mlp(variant):
+  def build(t=8192, d=4096, f=14336, **_):
+    import mlp_bench  # pylint: disable=import-outside-toplevel
+
+    inp = mlp_bench.Inputs(x=_sds(t, d), w0=_sds(d, f), w1=_sds(d, f), wo=_sds(f, d), g=_sds(t, d), key=_KEY)
+    fn, args = mlp_bench.build(variant, "fwdbwd", inp)
+    return fn, args, t * d
+  return build
+
+
+PROGRAMS = {
+    **{f"quant_{c}": (qh.CASES[c][0] + ", 8192x4096", _quantizer(c)) for c in qh.CASES},
+    "gemm_fprop": ("fprop GEMM incl. quantizing x (1x16) and W (16x16), 8192x4096 . 4096x14336", _gemm_pass("fprop")),
+    "gemm_dgrad": ("dgrad GEMM incl. dy (1x16 SR) and W (16x16)", _gemm_pass("dgrad")),
+    "gemm_wgrad": ("wgrad GEMM incl. x and dy (RHT 1x16 along tokens, dy SR)", _gemm_pass("wgrad")),
+    "mlp_bf16": ("SwiGLU MLP fwd+bwd T=8192 D=4096 F=14336, bf16 (mlp_bench)", _mlp("bf16")),
+    "mlp_nvfp4": ("SwiGLU MLP fwd+bwd T=8192 D=4096 F=14336, nvfp4 full recipe (mlp_bench)", _mlp("nvfp4")),
+}
+
+
+def run_program(name: str, *, spec: str = "h200", keep_dump: str | None = None, **shape) -> dict:
+  """Build program ``name`` (optional shape overrides: m/k/n or t/d/f) and ``analyze`` it."""
+  fn, args, n = PROGRAMS[name][1](**shape)
+  row = analyze(fn, args, n_elements=n, spec=spec, keep_dump=keep_dump)
+  return dict(program=name, **row)
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| program | compile s | GEMM kernels | GEMM GiB | other kernels | other GiB | B/el | full writes |"
+           " f32 temps | temp MiB | total MiB |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    lines.append(f"| {r['program']} | {r['compile_s']} | {r['gemm_kernels']} | {r['gemm_gib']:.2f} | {r['other_kernels']} |"
+                 f" {r['other_gib']:.2f} | {r['bytes_per_element']:.2f} | {r['full_writes']} | {r['f32_temps']} |"
+                 f" {r['temp_mib']:.0f} | {r['total_mib']:.0f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--spec", default="h200", help=f"one of {SPECS} or a gpu_target_config.pbtxt path")
+  p.add_argument("--programs", default="quant_*,mlp_*", help="comma list of names or globs from PROGRAMS")
+  p.add_argument("--json", help="write the rows (without HLO text) as JSON here")
+  p.add_argument("--dump", metavar="DIR", help="keep each program's optimized HLO and XLA's dump under DIR/<program>/")
+  p.add_argument("--buffers", action="store_true", help="also print the largest temp buffers per program")
+  a = p.parse_args(argv)
+  reason = unavailable_reason()
+  if reason:
+    print(f"deviceless.py: {reason}", file=sys.stderr)
+    return 2
+  import fnmatch  # pylint: disable=import-outside-toplevel
+
+  names = [n for pat in a.programs.split(",") if pat for n in PROGRAMS if fnmatch.fnmatch(n, pat)]
+  if not names:
+    p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
+  print(f"{HEADLINE}; spec {a.spec}; jax {jax.__version__}", flush=True)
+  rows = []
+  for name in names:
+    dump = os.path.join(a.dump, name) if a.dump else None
+    row = run_program(name, spec=a.spec, keep_dump=dump)
+    if dump:
+      with open(os.path.join(dump, f"{name}.hlo.txt"), "w") as fh:
+        fh.write(row["hlo"])
+    rows.append({k: v for k, v in row.items() if k != "hlo"})
+    print(json.dumps(rows[-1]), flush=True)
+  print(table(rows))
+  if a.buffers:
+    for r in rows:
+      print(f"  {r['program']}: " + "; ".join(r["largest_temps"]))
+  if a.json:
+    with open(a.json, "w") as fh:
+      json.dump(dict(headline=HEADLINE, spec=a.spec, jax=jax.__version__, rows=rows), fh, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

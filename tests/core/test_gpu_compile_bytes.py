@@ -1,0 +1,97 @@
+"""What XLA:GPU makes of the quantizer and the MLP, compiled for the H200 spec on this CPU (no GPU).
+
+``benchmarks/gpu/deviceless.py`` compiles each program for XLA's own H200 target config with the
+``jax-cuda12-plugin`` / ``jax-cuda12-pjrt`` compile-only client and counts the optimized HLO with the one
+byte accounting of ``benchmarks/quantizer_hlo.py`` / ``benchmarks/gpu/hlo_traffic.py``. The counts are
+compile-derived (no autotuning: every dot is a Triton GEMM with default tiles, so the GEMM kernels can
+differ from a real run) and a property of the XLA version, so they are pinned at jax 0.12.0.1 only.
+
+Bounds, not equalities: an improvement passes (then lower the bound); a change that adds a pass over an
+operand, a full-size temporary or live memory fails. Each bound is the value measured at the commit that
+set it (benchmarks/RESULTS.md, "Deviceless H200 compile") plus a small slack. The counter itself is
+checked on a program with a known answer (a copy), so the bounds can fail.
+
+Cost (measured 2026-12-01 on the shared 2-core CPU at load average ~15): 596 s for this file and
+test_nvfp4_gpu_paths.py -- the nvfp4 MLP compile 361 s, each quantizer case 14-38 s. A stage of its own,
+not the core suite: skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import jax
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(_ROOT / "benchmarks" / "gpu"))
+sys.path.insert(0, str(_ROOT / "benchmarks"))
+
+import deviceless  # noqa: E402  pylint: disable=wrong-import-position
+
+_REASON = deviceless.unavailable_reason()
+# Minutes of compilation: the core suite skips this file; its own stage sets the variable.
+_STAGE_VAR = "MAXTEXT_NVFP4_GPU_COMPILE_TESTS"
+pytestmark = [
+    pytest.mark.skipif(os.environ.get(_STAGE_VAR) != "1",
+                       reason=f"deviceless GPU compile tests take minutes: run them as their own stage with {_STAGE_VAR}=1"),
+    pytest.mark.skipif(_REASON is not None, reason=f"deviceless GPU compile unavailable: {_REASON}"),
+    pytest.mark.skipif(jax.__version__ != "0.12.0.1",
+                       reason=f"the pinned counts are XLA's at jax 0.12.0.1 (this is {jax.__version__})"),
+]
+
+# case -> (max traffic B/element, max full-size writes, max temp MiB) at 8192x4096 bf16, H200 spec.
+# Measured 2026-12-01 (jax 0.12.0.1). Before this change (b5b82f2): q1d 8.31, q2d 9.11, qrht 24.50,
+# v1d 10.25, v1d_sr 12.25, v0_rht_sr 28.44 B/element.
+_QUANTIZER_BOUNDS = {
+    "q1d": (6.35, 1, 9),
+    "q2d": (5.10, 1, 2),
+    "qrht": (12.50, 2, 73),
+    "v1d": (8.05, 1, 17),
+    "v1d_sr": (8.05, 1, 17),
+    "v0_rht_sr": (14.20, 2, 17),
+}
+
+
+def _program(name):
+  return deviceless.run_program(name, spec="h200")
+
+
+def test_copy_is_one_pass_of_four_bytes():
+  """The accounting on a program with a known answer: -x reads and writes every bf16 element once."""
+  r = _program("quant_copy")
+  assert (r["other_kernels"], r["gemm_kernels"], r["full_writes"], r["f32_temps"]) == (1, 0, 1, 0)
+  assert r["bytes_per_element"] == pytest.approx(4.0)
+  assert r["temp_mib"] == 0 and r["argument_mib"] == r["output_mib"] == 64.0
+
+
+@pytest.mark.parametrize("case", sorted(_QUANTIZER_BOUNDS))
+def test_quantizer_bytes_on_h200(case):
+  traffic, writes, temp = _QUANTIZER_BOUNDS[case]
+  r = _program(f"quant_{case}")
+  summary = {k: r[k] for k in ("bytes_per_element", "full_writes", "f32_temps", "temp_mib", "largest_temps")}
+  assert r["bytes_per_element"] <= traffic, summary
+  assert r["full_writes"] <= writes, summary
+  assert r["f32_temps"] == 0, summary  # no full-size 32-bit temporary on the GPU
+  assert r["temp_mib"] <= temp, summary
+  # The floor of any quantizer: read the operand once and write a 4-bit (q*) or bf16 (v*) result.
+  assert r["bytes_per_element"] >= (2.5 if case.startswith("q") else 4.0), summary
+
+
+# The SwiGLU MLP fwd+bwd at T=8192 D=4096 F=14336 (mlp_bench's H200 shape), nvfp4 full recipe vs bf16:
+# (max extra non-GEMM GiB over bf16, max compiled total MiB). Measured 2026-12-01; before this change
+# (b5b82f2): +13.97 GiB, 2805 MiB (bf16: 2.19 GiB non-GEMM, 1600 MiB).
+_MLP_EXTRA_OTHER_GIB = 9.20  # measured 9.13 (11.31 - 2.19)
+_MLP_TOTAL_MIB = 2345  # measured 2336 (bf16: 1600)
+
+
+def test_mlp_fwdbwd_bytes_and_memory_on_h200():
+  bf16, nvfp4 = _program("mlp_bf16"), _program("mlp_nvfp4")
+  keys = ("gemm_kernels", "gemm_gib", "other_kernels", "other_gib", "temp_mib", "total_mib", "largest_temps")
+  summary = {"bf16": {k: bf16[k] for k in keys}, "nvfp4": {k: nvfp4[k] for k in keys}}
+  # bf16 itself: 9 GEMMs and its few elementwise kernels (a regression of the accounting shows here first).
+  assert bf16["gemm_kernels"] == nvfp4["gemm_kernels"] == 9, summary
+  assert bf16["other_gib"] < 2.5 and bf16["total_mib"] < 1700, summary
+  assert nvfp4["other_gib"] - bf16["other_gib"] <= _MLP_EXTRA_OTHER_GIB, summary
+  assert nvfp4["total_mib"] <= _MLP_TOTAL_MIB, summary
+  assert nvfp4["f32_temps"] == 0, summary
