@@ -13,7 +13,9 @@ Every number, in order (``docs/compare.md`` repeats them):
   does not inflate it); band ``G_j +- Z * sigma_j / sqrt(m_j)`` (``Z = 1.96``; it assumes the per-step noise is
   independent, the same batches in both arms cancel most of the data noise in ``g``).
 * Trend: ordinary least squares of ``G_j`` on the window centres ``x_j`` (mean step): slope ``b``. Its standard
-  error is the larger of the residual one, ``sqrt(sum r_j^2 / (k - 2) / Sxx)``, and the one the bands imply,
+  error is the larger of the residual one, ``sqrt(sum r_j^2 / (k - 2) / Sxx)`` (times ``sqrt((1 + r1) / (1 - r1))``
+  when the residuals' lag-1 autocorrelation ``r1 = sum r_j r_{j-1} / sum r_j^2`` is positive, ``r1 <= 0.9``: a
+  gap that wanders slowly is not a trend), and the one the bands imply,
   ``sqrt(sum (x_j - xbar)^2 (sigma_j^2 / m_j)) / Sxx`` (``Sxx = sum (x_j - xbar)^2``, ``k`` windows, ``k >= 3``).
   *Resolved from zero*: ``|b| > t_{0.975, k-2} * se``. Rise = ``b * (x_k - x_1)``, the fitted change of the
   gap over the windows.
@@ -155,8 +157,15 @@ def _ols(xs: Sequence[float], ys: Sequence[float], extra_var: Sequence[float] | 
     return None
   b = math.fsum((x - xbar) * (y - ybar) for x, y in zip(xs, ys)) / sxx
   a = ybar - b * xbar
-  res = math.fsum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+  r = [y - a - b * x for x, y in zip(xs, ys)]
+  res = math.fsum(v * v for v in r)
   se = math.sqrt(res / (k - 2) / sxx)
+  # residuals that follow each other (a slowly wandering gap) carry less information: widen by the AR(1)
+  # variance factor sqrt((1 + r1) / (1 - r1)) of their lag-1 autocorrelation r1 (when > 0, capped at 0.9)
+  r1 = math.fsum(r[i] * r[i - 1] for i in range(1, k)) / res if res > 0 else 0.0
+  if r1 > 0:
+    r1 = min(r1, 0.9)
+    se *= math.sqrt((1 + r1) / (1 - r1))
   if extra_var is not None:
     se = max(se, math.sqrt(math.fsum((x - xbar) ** 2 * v for x, v in zip(xs, extra_var))) / sxx)
   return Trend(slope=b, se=se, t=t975(k - 2), points=k, start=a + b * xs[0], rise=b * (xs[-1] - xs[0]))
