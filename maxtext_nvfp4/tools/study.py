@@ -1,8 +1,10 @@
 """``maxtext-nvfp4 study DIR``: long comparisons (bf16 / fp8 / nvfp4 / nvfp4 + late switch) that survive
 interruption: every arm trains in chunks between MaxText checkpoints and resumes where it stopped.
 
-How one arm runs. Its command is fixed for the whole study (``steps`` = the study's total, so the learning-rate
-schedule, the late switch's step and the eval steps are those of one uninterrupted run)::
+How one arm runs. Its command is fixed for the whole study but for ``metrics_file`` and ``checkpoint_period``
+(``--chunk`` may change on a later call: it moves only where checkpoints are written). ``steps`` = the study's
+total, so the learning-rate schedule, the late switch's step and the eval steps are those of one uninterrupted
+run::
 
   python -m maxtext_nvfp4.train RECIPE [arm keys] run_name=ARM base_output_directory=DIR/maxtext
       metrics_file=DIR/arms/ARM/chunks/from_SSSSSSS_NNN.jsonl init_weights_seed=SEED data_shuffle_seed=0
@@ -648,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--preset", choices=sorted(PRESETS), help="model family (first call; default demo)")
   p.add_argument("--arms", help="comma-separated arms, baseline first (first call; default: the preset's)")
   p.add_argument("--steps", type=int, help="training steps per arm (first call; default: the preset's)")
-  p.add_argument("--chunk", type=int, help="steps per chunk = MaxText checkpoint_period (first call)")
+  p.add_argument("--chunk", type=int, help="steps per chunk = MaxText checkpoint_period (may change on a later call)")
   p.add_argument("--eval-interval", type=int, help="MaxText eval_interval (first call)")
   p.add_argument("--eval-steps", type=int, help="MaxText eval_steps (first call)")
   p.add_argument("--diagnostics-interval", type=int, help="nvfp4_diagnostics_interval of NVFP4 arms, 0 off (first call)")
@@ -669,7 +671,8 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
-_SPEC_FLAGS = (("preset", "--preset"), ("steps", "--steps"), ("chunk", "--chunk"),
+# --chunk is not here: a continuing call may change it (it moves only where checkpoints are written).
+_SPEC_FLAGS = (("preset", "--preset"), ("steps", "--steps"),
                ("eval_interval", "--eval-interval"), ("eval_steps", "--eval-steps"),
                ("diagnostics_interval", "--diagnostics-interval"), ("seed", "--seed"),
                ("recipes_dir", "--recipes-dir"))
@@ -736,12 +739,20 @@ def cli_main(argv: list[str]) -> int:
     if root.exists() and not root.is_dir():
       raise StudyError(f"{root} exists and is not a directory; choose another DIR")
     spec_path = root / STUDY_FILE
+    rewrite_spec = False
     if spec_path.exists():
       try:
         spec = Spec.from_json(json.loads(spec_path.read_text(encoding="utf8")))
       except (ValueError, TypeError) as e:
         raise StudyError(f"{spec_path} is not a study file ({e}); use another DIR") from None
       _check_same(a, spec)
+      if a.chunk is not None and a.chunk != spec.chunk:
+        if a.chunk < 1:
+          raise StudyError("--chunk must be >= 1")
+        print(f"{PROG}: chunks of {a.chunk} steps from now on (were {spec.chunk}); only where checkpoints are"
+              " written changes", flush=True)
+        spec = dataclasses.replace(spec, chunk=a.chunk)
+        rewrite_spec = True
       if spec.preset not in PRESETS or any(x not in ARMS for x in spec.arms):
         raise StudyError(f"{spec_path} names a preset or arm this version lacks; use the version that started it")
     else:
@@ -765,7 +776,7 @@ def cli_main(argv: list[str]) -> int:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
       raise StudyError(f"{root} is in use by another study process; wait for it or stop it") from None
-    if not spec_path.exists():
+    if not spec_path.exists() or rewrite_spec:
       write_atomic(spec_path, json.dumps(spec.to_json(), indent=1) + "\n")
     if a.report:
       return write_report(root, spec)

@@ -198,6 +198,11 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, fake, capsys):
   assert cli(args_for(d2, fake, "--steps", "12")) == 2
   assert "--steps 12: the study was started with 10" in capsys.readouterr().err
   assert cli(["study", str(d2), "--status"]) == 0 and "bf16" in capsys.readouterr().out
+  # the chunk size may change on a later call (only where checkpoints are written moves)
+  assert cli(args_for(d2, fake, "--chunk", "4", "--max-chunks", "1")) == 0
+  assert "chunks of 4 steps from now on (were 3)" in capsys.readouterr().out
+  assert json.loads((d2 / "study.json").read_text())["chunk"] == 4
+  assert json.loads((d2 / "state.json").read_text())["arms"]["nvfp4"]["steps_done"] == 5  # 0..4: one chunk of 4
 
 
 def test_dry_run_prints_the_fixed_arm_commands(tmp_path, fake, capsys):
