@@ -564,12 +564,12 @@ class Study:
         if self.child.poll() is None:
           self.child.kill()
           self.child.wait()
+        wall = time.monotonic() - t0  # counted also when the study itself is interrupted
+        st["wall_s"] = round(st["wall_s"] + wall, 1)
+        st["chunks"] += 1
+        st.pop("current_step", None)
     rc = 0 if stopped_by_us else self.child.returncode
     self.child = None
-    wall = time.monotonic() - t0
-    st["wall_s"] = round(st["wall_s"] + wall, 1)
-    st["chunks"] += 1
-    st.pop("current_step", None)
     prog = self.refresh(arm)
     if rc != 0 or prog.steps_done <= start:
       st["status"] = "failed"
