@@ -143,3 +143,31 @@ def test_compare_reports_and_plots_the_drift(tmp_path, capsys):
   trend = next(a for a in top.get_lines() if a.get_gid() == "trend:nvfp4")
   t = c.results[1].drift.gap.trend
   assert list(trend.get_ydata()) == pytest.approx([t.start, t.start + t.rise])
+
+
+def _long_study_module():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  from pathlib import Path  # pylint: disable=import-outside-toplevel
+
+  path = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy" / "long_study.py"
+  spec = importlib.util.spec_from_file_location("long_study", path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod, path.parent
+
+
+def test_the_recorded_long_runs_say_what_results_md_says():
+  """The rule on the recorded long-study arms (benchmarks/accuracy/long/*.jsonl) gives the findings of
+  long/summary.json, whose table is the one in RESULTS.md: change the rule or the data and this fails until
+  the published text is regenerated."""
+  long_study, here = _long_study_module()
+  summary = json.loads((here / "long" / "summary.json").read_text())
+  assert summary["pairs"], "no pair of arms recorded"
+  runs = {a: metrics.read(here / "long" / f"{a}.jsonl", name=a) for a in summary["arms"]
+          if (here / "long" / f"{a}.jsonl").exists()}
+  for p in summary["pairs"]:
+    got = long_study.pair_summary(runs[p["run"]], runs[p["baseline"]])
+    assert (got["common_steps"], got["warnings"], got["first_warning_step"]) == \
+        (p["common_steps"], p["warnings"], p["first_warning_step"]), p["run"]
+    assert got["trend"] == p["trend"] and got["mean_gap"] == p["mean_gap"]
+  assert long_study.table(summary) in (here / "RESULTS.md").read_text()
