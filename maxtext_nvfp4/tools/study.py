@@ -590,12 +590,12 @@ class Study:
       self.child.kill()
       self.child.wait()
 
-  def next_arm(self, until: int | None) -> str | None:
+  def next_arm(self, until: int | None, only: Sequence[str] | None = None) -> str | None:
     goal = self.spec.steps if until is None else min(until, self.spec.steps)
-    todo = [a for a in self.spec.arms if self.state["arms"][a]["steps_done"] < goal]
+    todo = [a for a in self.spec.arms if self.state["arms"][a]["steps_done"] < goal and (not only or a in only)]
     return min(todo, key=lambda a: (self.state["arms"][a]["steps_done"], self.spec.arms.index(a))) if todo else None
 
-  def run(self, *, max_chunks: int | None = None, until: int | None = None) -> int:
+  def run(self, *, max_chunks: int | None = None, until: int | None = None, only: Sequence[str] | None = None) -> int:
     for arm in self.spec.arms:
       self.refresh(arm)
     self.save_state()
@@ -603,7 +603,7 @@ class Study:
       self.say(line)
     n = 0
     while max_chunks is None or n < max_chunks:
-      arm = self.next_arm(until)
+      arm = self.next_arm(until, only)
       if arm is None:
         break
       rc = self.run_chunk(arm)
@@ -658,6 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (first call)")
   p.add_argument("--max-chunks", type=int, help="stop after this many chunks in this call")
   p.add_argument("--until", type=int, help="stop once every arm has this many steps")
+  p.add_argument("--only", help="comma-separated arms to train in this call (default: all, round-robin)")
   p.add_argument("--status", action="store_true", help="print progress only")
   p.add_argument("--report", action="store_true", help="compare the arms' metrics so far into DIR/compare only")
   p.add_argument("--no-report", action="store_true", help="do not write DIR/compare at the end of this call")
@@ -736,6 +737,7 @@ def cli_main(argv: list[str]) -> int:
         raise StudyError(f"{flag} must be > 0")
     if a.verify_overlap < 0:
       raise StudyError("--verify-overlap must be >= 0")
+    only = tuple(x for x in (a.only or "").split(",") if x)
     if root.exists() and not root.is_dir():
       raise StudyError(f"{root} exists and is not a directory; choose another DIR")
     spec_path = root / STUDY_FILE
@@ -753,6 +755,8 @@ def cli_main(argv: list[str]) -> int:
               " written changes", flush=True)
         spec = dataclasses.replace(spec, chunk=a.chunk)
         rewrite_spec = True
+      if any(x not in spec.arms for x in only):
+        raise StudyError(f"--only {a.only}: the study's arms are {','.join(spec.arms)}")
       if spec.preset not in PRESETS or any(x not in ARMS for x in spec.arms):
         raise StudyError(f"{spec_path} names a preset or arm this version lacks; use the version that started it")
     else:
@@ -792,7 +796,7 @@ def cli_main(argv: list[str]) -> int:
 
   old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
-    rc = study.run(max_chunks=a.max_chunks, until=a.until)
+    rc = study.run(max_chunks=a.max_chunks, until=a.until, only=only)
   except SystemExit as e:
     for arm in spec.arms:
       study.refresh(arm)

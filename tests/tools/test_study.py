@@ -203,6 +203,11 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, fake, capsys):
   assert "chunks of 4 steps from now on (were 3)" in capsys.readouterr().out
   assert json.loads((d2 / "study.json").read_text())["chunk"] == 4
   assert json.loads((d2 / "state.json").read_text())["arms"]["nvfp4"]["steps_done"] == 5  # 0..4: one chunk of 4
+  # --only trains the named arms only (here the one ahead: no round-robin)
+  assert cli(args_for(d2, fake, "--only", "nvfp4", "--until", "9")) == 0
+  arms = json.loads((d2 / "state.json").read_text())["arms"]
+  assert arms["bf16"]["steps_done"] == 4 and arms["nvfp4"]["steps_done"] >= 9
+  assert cli(args_for(d2, fake, "--only", "fp8")) == 2 and "the study's arms are bf16,nvfp4" in capsys.readouterr().err
 
 
 def test_dry_run_prints_the_fixed_arm_commands(tmp_path, fake, capsys):
