@@ -505,16 +505,21 @@ class Study:
 
   # --- one chunk
   def _should_stop(self, tail: "_Tail", arm: str, start: int, target: int) -> bool:
-    """Checkpoint ``target`` committed, the records complete through it and ``overlap`` more steps written
-    (or, should an eval summary never come, ``overlap + 2`` more)."""
+    """The latest committed checkpoint ``L`` is at or past ``target``, the records are complete through it and
+    ``overlap`` more steps are written (or, should an eval summary never come, ``overlap + 2`` more). ``L``, not
+    ``target``: a stop that comes late resumes from ``L`` (:func:`rebuild_arm`), and the overlap must follow it."""
     if target >= self.spec.steps - 1 or tail.max_train < target + self.overlap:
       return False
-    if not (self.layout.checkpoints(arm) / str(target) / "commit_success.txt").exists():
+    done = [c for c in committed_checkpoints(self.layout.checkpoints(arm)) if c >= target]
+    if not done:
       return False
-    if tail.max_train >= target + self.overlap + 2:
+    last = done[-1]
+    if tail.max_train >= last + self.overlap + 2:
       return True
+    if tail.max_train < last + self.overlap:
+      return False
     before = {s: None for s in range(start)}  # steps before the chunk are complete (rebuild_arm)
-    return complete_through({**before, **tail.train}, {**before, **tail.evals}, target, self.spec.eval_interval)
+    return complete_through({**before, **tail.train}, {**before, **tail.evals}, last, self.spec.eval_interval)
 
   def run_chunk(self, arm: str) -> int:
     """Train ``arm`` from its resume point to the next checkpoint; returns the child's exit code (0 also
