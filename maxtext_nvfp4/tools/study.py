@@ -492,7 +492,7 @@ class Study:
     lines = [f"study {self.layout.root}: preset {self.spec.preset}, {total} steps per arm, chunks of {self.spec.chunk}"]
     for arm in self.spec.arms:
       st = self.state["arms"][arm]
-      rate = st["wall_s"] / st["steps_done"] if st["steps_done"] else None
+      rate = st["wall_s"] / st["steps_done"] if st["steps_done"] and st["wall_s"] > 0 else None
       left = "" if rate is None or st["steps_done"] >= total else f", ~{_fmt_s(rate * (total - st['steps_done']))} left"
       loss = "" if st["last_loss"] is None else f", loss {st['last_loss']:.4f}"
       chk = st.get("rechecked_steps", 0)
