@@ -667,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--status", action="store_true", help="print progress only")
   p.add_argument("--report", action="store_true", help="compare the arms' metrics so far into DIR/compare only")
   p.add_argument("--no-report", action="store_true", help="do not write DIR/compare at the end of this call")
+  p.add_argument("--no-plots", action="store_true", help="DIR/compare/report.md without the figures")
   p.add_argument("--dry-run", action="store_true", help="print the arms' commands only")
   p.add_argument("--verify-overlap", type=int, default=0,
                  help="let each chunk run N steps past its checkpoint; the next chunk recomputes them and the study "
@@ -788,7 +789,7 @@ def cli_main(argv: list[str]) -> int:
     if not spec_path.exists() or rewrite_spec:
       write_atomic(spec_path, json.dumps(spec.to_json(), indent=1) + "\n")
     if a.report:
-      return write_report(root, spec)
+      return write_report(root, spec, plots=not a.no_plots)
   except StudyError as e:
     print(f"{PROG}: error: {e}", file=sys.stderr)
     return 2
@@ -813,7 +814,7 @@ def cli_main(argv: list[str]) -> int:
       signal.signal(s, h)
     lock.close()
   if rc == 0 and not a.no_report:
-    write_report(root, spec)
+    write_report(root, spec, plots=not a.no_plots)
   return rc
 
 

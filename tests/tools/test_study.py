@@ -198,6 +198,9 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, fake, capsys):
   assert cli(args_for(d2, fake, "--steps", "12")) == 2
   assert "--steps 12: the study was started with 10" in capsys.readouterr().err
   assert cli(["study", str(d2), "--status"]) == 0 and "bf16" in capsys.readouterr().out
+  assert cli(["study", str(d2), "--report", "--no-plots"]) in (0, 1)  # compare's exit code over the steps so far
+  md = (d2 / "compare" / "report.md").read_text()
+  assert "study s2: preset demo, 10 steps per arm" in md and "| bf16 | 4 |" in md
   # the chunk size may change on a later call (only where checkpoints are written moves)
   assert cli(args_for(d2, fake, "--chunk", "4", "--max-chunks", "1")) == 0
   assert "chunks of 4 steps from now on (were 3)" in capsys.readouterr().out
