@@ -23,6 +23,9 @@ exactly (``docs/compare.md``):
 * Overlap: the run and the baseline must share at least ``min(20, ceil(0.2 * m))`` steps, ``m`` = the
   larger of their step counts; fewer is verdict ``INSUFFICIENT OVERLAP`` (a handful of shared steps says
   nothing about the gap).
+* Drift (:mod:`maxtext_nvfp4.tools.drift`): the gap per window with a band from the step-to-step noise, its
+  trend, the ``nvfp4/*`` diagnostics' trends and the early-warning rule; reported beside the verdict, which it
+  does not change.
 * Verdict: PASS when ``mean gap <= --tolerance`` (default 0.03 nats; NVIDIA's published Llama-3 8B
   NVFP4-vs-FP8 gap is +0.026), the overlap suffices and neither loss is non-finite; else FAIL or
   INSUFFICIENT OVERLAP. Overall: FAIL if any run fails, else INSUFFICIENT OVERLAP if any, else PASS.
@@ -35,6 +38,7 @@ import math
 import statistics
 from typing import Sequence
 
+from maxtext_nvfp4.tools import drift as drift_lib
 from maxtext_nvfp4.tools.metrics import (LOSS, STEP_TIME, TFLOPS, TFLOPS_PER_SEC, TOKENS, TOKENS_PER_SEC,
                                          InputError, Run)
 
@@ -57,6 +61,8 @@ class Options:
   smooth: int | None = None
   # The converged part starts at this fraction of the common steps.
   converged_from: float = 0.2
+  # Drift windows and early-warning thresholds (its converged_from is replaced by the one above).
+  drift: drift_lib.Rule = drift_lib.Rule()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -114,6 +120,8 @@ class RunResult:
   verdict: str
   # Why (one line each): divergence, mismatched steps, missing metrics, reading notes.
   notes: tuple[str, ...]
+  # Gap windows, trends and early warnings against the baseline (None for the baseline / no common steps).
+  drift: drift_lib.Drift | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -273,8 +281,14 @@ def compare_runs(runs: Sequence[Run], opts: Options = Options(), *, label: str =
       verdict = "PASS" if ls.mean_gap <= opts.tolerance else "FAIL"
       if verdict == "FAIL":
         notes.append(f"mean gap {ls.mean_gap:+.4f} > tolerance {opts.tolerance:.4f} nats")
+    dr = None
+    if ls is not None:
+      rule = dataclasses.replace(opts.drift, converged_from=opts.converged_from)
+      dr = drift_lib.analyze({s: r.loss(s) for s in ls.steps}, {s: base.loss(s) for s in ls.steps}, r.diagnostics,
+                             rule)
+      notes += [f"DRIFT WARNING: {w.why}" for w in dr.warnings]
     results.append(RunResult(run=r, is_baseline=False, throughput=tp, loss=ls, verdict=verdict,
-                             notes=tuple(notes)))
+                             notes=tuple(notes), drift=dr))
   verdicts = [x.verdict for x in results[1:]]
   if not others:
     overall = "FAIL" if base_nan is not None else "n/a"

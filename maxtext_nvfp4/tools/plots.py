@@ -123,3 +123,62 @@ def throughput_figure(c: Comparison) -> Figure:
   fig.tight_layout()
   return fig
 
+
+
+def drift_figure(c: Comparison) -> Figure:
+  """Top: each run's gap vs the baseline over steps on a log x axis (trailing average, faint) with the window
+  means and their 95 % bands and the fitted trend; bottom: the ``*_underflow`` diagnostics over steps (log x).
+  gids: ``gapline:NAME``, ``windows:NAME``, ``trend:NAME``, ``underflow:NAME:KEY``."""
+  fig = Figure(figsize=(10, 7.5), dpi=100)
+  FigureCanvasAgg(fig)
+  top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  base = c.results[0].run
+  top.axhline(0.0, color="black", linewidth=0.8)
+  top.axhline(c.options.tolerance, color="#c44e52", linestyle="--", linewidth=1,
+              label=f"tolerance +{c.options.tolerance:g}")
+  any_diag = False
+  for i, res in enumerate(c.results):
+    d = res.drift
+    if res.is_baseline or d is None or d.gap.trend is None:
+      continue
+    steps = list(res.loss.steps)
+    gaps = [res.run.loss(s) - base.loss(s) for s in steps]
+    pos = [(s, g) for s, g in zip(steps, moving_average(gaps, c.smooth)) if s > 0]
+    if pos:
+      xs, ys = zip(*pos)
+      top.plot(xs, ys, color=_color(i), alpha=0.3, linewidth=0.8, gid=f"gapline:{res.run.name}")
+    w = d.gap.windows
+    t = d.gap.trend
+    warn = " — EARLY WARNING" if d.warnings else ""
+    top.errorbar([x.center for x in w], [x.mean for x in w], yerr=[x.half_width for x in w], fmt="o", ms=3,
+                 color=_color(i), capsize=2, gid=f"windows:{res.run.name}",
+                 label=f"{res.run.name} − {base.name}: window means ± 95 % (trend {1000 * t.slope:+.4f} / 1k steps"
+                       f"{', resolved' if t.resolved else ''}){warn}")
+    x0, x1 = w[0].center, w[-1].center
+    top.plot([x0, x1], [t.start, t.start + t.rise], color=_color(i), linestyle=":", linewidth=1.5,
+             gid=f"trend:{res.run.name}")
+    for key, series in sorted(res.run.diagnostics.items()):
+      if not key.endswith("_underflow"):
+        continue
+      pts = [(s, v) for s, v in series if s > 0 and math.isfinite(v)]
+      if pts:
+        xs, ys = zip(*pts)
+        bottom.plot(xs, ys, linewidth=1, label=f"{res.run.name}: {key.removeprefix('nvfp4/')}",
+                    gid=f"underflow:{res.run.name}:{key}")
+        any_diag = True
+  top.set_xscale("log")
+  top.set_ylabel("loss gap (nats)")
+  top.set_title((_wrap(c.label) + "\n" if c.label else "") + "Loss gap over steps (log x)", fontsize=11)
+  top.grid(alpha=0.3, which="both")
+  top.legend(loc="best", fontsize=8)
+  if any_diag:
+    bottom.set_ylabel("underflow fraction")
+    bottom.legend(loc="best", fontsize=6, ncol=2)
+  else:
+    bottom.annotate("no nvfp4/*_underflow diagnostics in these runs (nvfp4_diagnostics=true records them)",
+                    (0.5, 0.5), xycoords="axes fraction", ha="center", fontsize=9)
+  bottom.set_xscale("log")
+  bottom.set_xlabel("step (log)")
+  bottom.grid(alpha=0.3, which="both")
+  fig.tight_layout()
+  return fig

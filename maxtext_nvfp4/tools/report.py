@@ -103,6 +103,59 @@ def diagnostics_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
+DIAG_TREND_STATS = ("_underflow", "_scale_sat", "_rel_err")
+
+
+def _drifting(c: Comparison) -> list:
+  """The compared runs whose drift analysis has a trend (>= 3 windows: long enough to speak of drift)."""
+  return [r for r in c.results if r.drift is not None and r.drift.gap.trend is not None]
+
+
+def _per_1k(v: float) -> str:
+  return f"{1000 * v:+.4f}"
+
+
+def drift_lines(c: Comparison) -> list[str]:
+  """The ``## Drift`` section of report.md (empty without drift windows)."""
+  runs = _drifting(c)
+  if not runs:
+    return []
+  base = c.results[0].run.name
+  rule = runs[0].drift.rule
+  out = ["## Drift: the gap over time and the early warning", "",
+         f"Gap = run − {base} per common step, over the converged part, in windows; band = mean ± 1.96·σ/√m with "
+         "σ from the step-to-step differences of the gap (σ² = Σ(g_i − g_{i−1})² / (2(m−1))). Trend: least squares "
+         "of the window means on the window centres; 95 % interval from the larger of the residual and the band "
+         "standard errors, Student's t with k − 2 degrees of freedom; *resolved* when it excludes 0. Early warning: "
+         f"the gap's trend resolved, positive, with a fitted rise ≥ {rule.gap_rise:g} nats; or an `*_underflow` "
+         f"diagnostic's trend resolved, positive, rising by ≥ max({rule.underflow_rise_rel:g} × its fitted start, "
+         f"{rule.underflow_rise_abs:g}). *First warning*: the first step at which the rule fires on the run so far.",
+         "", _md_table(
+             ["run", "window (steps)", "windows", "first window gap", "last window gap",
+              "slope (nats / 1k steps, 95 %)", "rise", "resolved", "early warning", "first warning at step"],
+             [[r.run.name, str(r.drift.gap.window), str(len(r.drift.gap.windows)),
+               f"{r.drift.gap.windows[0].mean:+.4f} ± {r.drift.gap.windows[0].half_width:.4f}",
+               f"{r.drift.gap.windows[-1].mean:+.4f} ± {r.drift.gap.windows[-1].half_width:.4f}",
+               f"{_per_1k(r.drift.gap.trend.slope)} [{_per_1k(r.drift.gap.trend.low)}, {_per_1k(r.drift.gap.trend.high)}]",
+               "n/a" if r.drift.gap.trend is None else f"{r.drift.gap.trend.rise:+.4f}",
+               "n/a" if r.drift.gap.trend is None else ("yes" if r.drift.gap.trend.resolved else "no"),
+               "; ".join(w.what for w in r.drift.warnings) or "none",
+               "-" if r.drift.first_warning_step is None else str(r.drift.first_warning_step)] for r in runs]), ""]
+  for r in runs:
+    out += [f"Gap windows of **{r.run.name}**:", "", _md_table(
+        ["steps", "mean gap", "± (95 %)", "σ per step"],
+        [[f"{w.first}..{w.last}", f"{w.mean:+.4f}", f"{w.half_width:.4f}", f"{w.sigma:.4f}"]
+         for w in r.drift.gap.windows]), ""]
+  rows = [[d.key, r.run.name, str(d.samples), f"{d.first:.4g}", f"{d.last:.4g}",
+           "n/a" if d.trend is None else f"{d.trend.slope * 1000:+.3g} [{d.trend.low * 1000:+.3g}, {d.trend.high * 1000:+.3g}]",
+           "n/a" if d.trend is None else ("yes" if d.trend.resolved else "no")]
+          for r in runs for d in r.drift.diagnostics if d.key.endswith(DIAG_TREND_STATS)]
+  if rows:
+    out += ["Diagnostics over the converged part (trend per 1k steps, 95 %):", "",
+            _md_table(["metric", "run", "samples", "first", "last", "trend / 1k steps", "resolved"], rows), ""]
+  return out
+
+
 def render_markdown(c: Comparison, plots: Sequence[str] = ()) -> str:
   header, rows = summary_rows(c)
   out = ["# maxtext-nvfp4 compare", ""]
@@ -121,6 +174,7 @@ def render_markdown(c: Comparison, plots: Sequence[str] = ()) -> str:
         [[r.run.name, str(max(r.run.eval_loss)), f"{r.run.eval_loss[max(r.run.eval_loss)]:.4f}",
           "-" if r.is_baseline or not (r.loss and r.loss.eval_loss_baseline is not None)
           else f"{r.loss.eval_loss - r.loss.eval_loss_baseline:+.4f}"] for r in evals]), ""]
+  out += drift_lines(c)
   dh, dr = diagnostics_rows(c)
   if dr:
     out += ["## NVFP4 diagnostics (`nvfp4/*` metrics)", "", _md_table(dh, dr), ""]
@@ -137,6 +191,12 @@ def render_terminal(c: Comparison) -> str:
     lines.append(c.label)
   lines += [_text_table(header, rows), f"* {FLOPS_NOTE}"]
   lines += [f"{r.run.name}: {n}" for r in c.results for n in r.notes]
+  for r in _drifting(c):
+    t = r.drift.gap.trend
+    if t is not None:
+      lines.append(f"{r.run.name}: gap trend {_per_1k(t.slope)} nats/1k steps (95 % [{_per_1k(t.low)}, "
+                   f"{_per_1k(t.high)}], {'resolved' if t.resolved else 'not resolved'} from 0); early warning: "
+                   + ("; ".join(w.what for w in r.drift.warnings) or "none"))
   dh, dr = diagnostics_rows(c)
   if dr:
     lines.append(f"nvfp4 diagnostics: {len({r[0] for r in dr})} metric(s), see report.md")
@@ -155,7 +215,8 @@ def _write_whole(path: Path, write) -> None:
 
 
 def write_outputs(c: Comparison, out_dir: str | os.PathLike, *, plots: bool = True) -> dict[str, str]:
-  """Write report.md (and loss.png, throughput.png unless ``plots`` is false) into ``out_dir``; returns
+  """Write report.md (and loss.png, throughput.png, and drift.png when there are drift windows, unless ``plots``
+  is false) into ``out_dir``; returns
   their paths by kind."""
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -163,11 +224,14 @@ def write_outputs(c: Comparison, out_dir: str | os.PathLike, *, plots: bool = Tr
   if plots:
     from maxtext_nvfp4.tools import plots as figures  # pylint: disable=import-outside-toplevel  (matplotlib)
 
-    for kind, figure in (("loss", figures.loss_figure), ("throughput", figures.throughput_figure)):
+    kinds = [("loss", figures.loss_figure), ("throughput", figures.throughput_figure)]
+    if _drifting(c):
+      kinds.append(("drift", figures.drift_figure))
+    for kind, figure in kinds:
       paths[kind] = str(out / f"{kind}.png")
       fig = figure(c)
       _write_whole(Path(paths[kind]), lambda tmp, fig=fig: fig.savefig(tmp, format="png"))
   paths["report"] = str(out / "report.md")
-  text = render_markdown(c, [paths[k] for k in ("loss", "throughput") if k in paths])
+  text = render_markdown(c, [paths[k] for k in ("loss", "throughput", "drift") if k in paths])
   _write_whole(Path(paths["report"]), lambda tmp: Path(tmp).write_text(text, encoding="utf8"))
   return paths

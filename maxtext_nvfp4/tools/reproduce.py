@@ -239,13 +239,15 @@ def recover_missing_steps(path: Path, logged: dict[int, dict]) -> tuple[Path, in
 def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool = False, verbose: bool = False,
             plots: bool = True, stream=None) -> int:
   stream = stream or sys.stdout
-  for label, _, _, metrics, run_dir in plan.runs:
-    if run_dir.exists() or metrics.exists():
-      if not overwrite:
-        raise ReproduceError(f"{run_dir if run_dir.exists() else metrics} exists (a rerun could resume from its "
-                             "checkpoint); pass --overwrite or another --out")
-      shutil.rmtree(run_dir, ignore_errors=True)
-      metrics.unlink(missing_ok=True)
+  # every run is checked before anything is deleted or created: a refusal leaves --out as it was
+  existing = [run_dir if run_dir.exists() else metrics for _, _, _, metrics, run_dir in plan.runs
+              if run_dir.exists() or metrics.exists()]
+  if existing and not overwrite:
+    raise ReproduceError(f"{existing[0]} exists (a rerun could resume from its checkpoint); pass --overwrite or "
+                         "another --out")
+  for _, _, _, metrics, run_dir in plan.runs:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    metrics.unlink(missing_ok=True)
     metrics.parent.mkdir(parents=True, exist_ok=True)
   print(plan.label, file=stream)
   run_args = []

@@ -216,3 +216,14 @@ def test_recover_missing_steps_keeps_eval_summaries_in_step_order(tmp_path):
   assert [(r["step"], "eval/avg_loss" in r, r.get("source")) for r in recs] == (
       [(s, False, "log") for s in range(6)] + [(5.0, True, None)] + [(float(s), False, None) for s in range(6, 10)])
   assert reproduce.recover_missing_steps(merged, logged) == (merged, 0)  # complete: nothing to rebuild
+
+
+def test_a_refused_rerun_leaves_no_empty_arm_folders(tmp_path, recipes, capsys):
+  # issue 28 item 10: only the NVFP4 run's directory exists; the refusal must not create the baseline's folder
+  out = tmp_path / "o"
+  (out / "runs" / "demo_nvfp4").mkdir(parents=True)
+  rc = cli(["reproduce", "demo", "--recipes-dir", str(recipes), "--out", str(out), "--steps", "10",
+            "--python", fake_python(tmp_path)])
+  err = capsys.readouterr().err
+  assert rc == 2 and "demo_nvfp4 exists" in err and "--overwrite" in err
+  assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["runs", "runs/demo_nvfp4"]
