@@ -291,7 +291,7 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
     raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
   problem = ((nvfp4 and recipes.settings_error(cfg)) or cpu_host_error(args, cfg) or hardware_error(args, cfg)
-             or recipes.missing_data_error(cfg) or moe_error(cfg) or expert_parallel_error(cfg))
+             or moe_error(cfg) or expert_parallel_error(cfg) or recipes.missing_data_error(cfg))
   if problem:
     raise recipes.RecipeError(problem)
   return args, cfg
