@@ -2,25 +2,35 @@
 checkpoint -> a Hugging Face directory in ModelOpt's unified NVFP4 format (what vLLM's ``modelopt_fp4``,
 SGLang and TensorRT-LLM load). The format, with its sources: docs/export.md.
 
-Written to ``DIR``:
+Written to ``DIR`` (built in a hidden sibling and swapped in whole: :mod:`maxtext_nvfp4.tools.outputs`;
+``DIR`` must be new, empty or an earlier export, recognised by its ``maxtext_nvfp4_export.json``):
 
   model.safetensors     per quantized linear ``<name>.weight`` (uint8 [out, in/2]), ``.weight_scale``
                         (float8_e4m3fn [out, in/16]), ``.weight_scale_2`` and ``.input_scale`` (float32
                         scalars); everything else (embeddings, norms, lm_head, excluded linears) bf16
   config.json           LlamaForCausalLM config + ``quantization_config`` (quant_method modelopt,
-                        quant_algo NVFP4, ignore = the excluded modules)
+                        quant_algo NVFP4, ignore = the excluded modules); bos/eos/pad ids from the tokenizer
   hf_quant_config.json  ModelOpt's legacy file (quant_algo NVFP4, group_size 16, exclude_modules, ...)
-  tokenizer files       copied when the run's ``tokenizer_path`` is a local Hugging Face tokenizer dir
+  tokenizer files       the run's tokenizer as a server needs it (no appended EOS), and
+                        generation_config.json (:mod:`maxtext_nvfp4.tools.tokenizer_export`);
+                        ``--no-tokenizer``: none
+  maxtext_nvfp4_export.json  what was exported from what (checkpoint, config, calibration data), last
+
+The config: ``--config`` / overrides when given, else the run's ``maxtext_nvfp4_run.json`` (written by
+``maxtext-nvfp4 train``), else MaxText's base.yml; whichever it is, the checkpoint's own shapes must match
+it (:mod:`maxtext_nvfp4.tools.model_shapes`), or the export stops naming both values.
 
 Which linears are NVFP4: for a ``quantization: nvfp4`` run, those whose forward trained in NVFP4 (the
 ``nvfp4_keep_*`` layers and projections outside ``nvfp4_targets`` stay bf16, as in training); for other
 runs (bf16, fp8) every decoder linear (``--quantize all`` forces that for NVFP4 runs too). lm_head is
 always excluded. ``input_scale`` = activation amax / 2688 from a calibration pass (an HF-order fp32
 forward of the unquantized weights, as ModelOpt's max calibration) over ``--calibration-batches`` batches
-of the run's eval data (its train data when it has no eval split).
+of the run's eval data (its train data when it has no eval split); ``dataset_type=synthetic`` (random
+tokens) is refused unless ``--calibrate-on-synthetic``; the data used is printed and recorded.
 
-Errors (bad checkpoint path, a checkpoint that does not fit the config, an unsupported model, data that
-cannot be read) end with ONE line on stderr and exit code 2.
+Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
+checkpoint, an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
+exit code 2; all but the data errors before any weight is read, and ``DIR`` is left as it was.
 """
 
 from __future__ import annotations
