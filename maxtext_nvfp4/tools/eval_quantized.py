@@ -88,6 +88,7 @@ def run_eval(checkpoint: str, config_args: list[str] | None, *, modes: list[str]
     config_args, source = export.resolve_config_args(items, None, list(config_overrides))
   config = ckpt.load_config(config_args)
   model_shapes.check(items, config)
+  export.check_supported(config)
   data = export.data_description(config)
   model = ckpt.to_hf(items, config)
   names = export.quantized_linears(model, quantize)

@@ -174,6 +174,16 @@ def data_description(config) -> str:
   return f"dataset_type={kind}"
 
 
+def check_supported(config) -> None:
+  """The Llama exporter's model check (``checkpoint.to_hf`` runs it after reading the weights), asked
+  first so an unsupported model is refused before any data or weight is read."""
+  from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+
+  check = getattr(ckpt, "_check_supported", None)
+  if check is not None:
+    check(config)
+
+
 def check_calibration_data(config, *, allow_synthetic: bool) -> str:
   """The data description; :class:`checkpoint.CheckpointError` for synthetic data unless allowed."""
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
@@ -241,6 +251,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
     config_args, source = resolve_config_args(items, None, list(config_overrides))
   config = ckpt.load_config(config_args)
   dims = model_shapes.check(items, config)
+  check_supported(config)
   data = check_calibration_data(config, allow_synthetic=allow_synthetic)
   tok_plan = tokenizer_export.plan(config, dims.get("vocab_size", int(config.vocab_size))) if tokenizer else None
   say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {calibration_batches} batch(es) of"
