@@ -30,7 +30,7 @@ tokens) is refused unless ``--calibrate-on-synthetic``; the data used is printed
 
 Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
 checkpoint, an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
-exit code 2; all but the data errors before any weight is read, and ``DIR`` is left as it was.
+exit code 2, all before any weight is read, and ``DIR`` is left as it was.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
                tokenizer: bool = True, config_overrides: list[str] = ()) -> dict:
   """Export; returns a summary dict. Raises ``checkpoint.CheckpointError``, ``outputs.OutputError``,
   ``model_shapes.ShapeMismatch`` or ``tokenizer_export.TokenizerError`` (one-line messages), all before
-  any weight is read except the data errors of the calibration pass; ``out_dir`` is untouched then.
+  any weight is read (the calibration batches are read first); ``out_dir`` is untouched then.
 
   ``config_args``: ``[RECIPE.yml] key=value ...``; None: :func:`resolve_config_args` of
   ``config_overrides`` (the run's record when empty).
@@ -254,16 +254,15 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
   check_supported(config)
   data = check_calibration_data(config, allow_synthetic=allow_synthetic)
   tok_plan = tokenizer_export.plan(config, dims.get("vocab_size", int(config.vocab_size))) if tokenizer else None
-  say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {calibration_batches} batch(es) of"
-      f" {data}")
+  batches = list(_batches(config, calibration_batches, "--calibration-batches"))  # data errors before the weights
+  if not batches:
+    raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
+  say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {len(batches)} batch(es) of {data}")
   model = ckpt.to_hf(items, config)
   names = quantized_linears(model, quantize)
   if not names:
     raise ckpt.CheckpointError(f"checkpoint {items}: no decoder linear to quantize (use --quantize all)")
-  amax = calibrate(model, _batches(config, calibration_batches, "--calibration-batches"), progress,
-                   calibration_batches)
-  if not amax:
-    raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
+  amax = calibrate(model, batches, progress, len(batches))
   tensors = export_tensors(model, names, amax, progress)
   excluded = ["lm_head"] + [n for n in model.trained_nvfp4 if n not in set(names)]
   if model.hf_config["tie_word_embeddings"]:
