@@ -81,19 +81,16 @@ ROWS = [
                                                           "maxtext-nvfp4 prepare-data"]),
     ("train-te-on-cpu", ["train", "ok.yml", "nvfp4_backend=te"], ["nvfp4_backend=te", "nvfp4_backend=emulate"]),
     # --- train: GPU-node recipes on a CPU host name every blocker at once (no fix-one-see-the-next loop)
-    ("train-8b-on-cpu", ["train", "llama3_8b_nvfp4"],
-     ["attention=cudnn_flash_te", "attention=dot_product", "nvfp4_backend=te", "ici_fsdp_parallelism=4", "demo_nvfp4.yml"]),
     ("train-8b-emulate-on-cpu", ["train", "llama3_8b_nvfp4", "nvfp4_backend=emulate"],
      ["attention=cudnn_flash_te", "ici_fsdp_parallelism=4 needs 4 devices per slice", "demo_nvfp4.yml"]),
+    # (the 8B/405B recipes without overrides: test_train_cli.py's subprocess rows; every mismatch kind of the
+    # checkpoint-shape check: tests/tools/test_model_shapes.py)
     ("train-8b-dot-product-on-cpu", ["train", "llama3_8b_nvfp4", "nvfp4_backend=emulate", "attention=dot_product"],
      ["ici_fsdp_parallelism=4 needs 4 devices per slice, but this host has 1 CPU device", "demo_nvfp4.yml"]),
-    ("train-8b-fp8-on-cpu", ["train", "llama3_8b_fp8"], ["quantization=te_fp8", "demo_bf16.yml"]),
-    ("train-405b-on-cpu", ["train", "llama3.1_405b_nvfp4"], ["attention=cudnn_flash_te", "demo_nvfp4.yml"]),
     ("train-dcn-on-cpu", ["train", "ok.yml", "dcn_data_parallelism=2"], ["dcn_data_parallelism=2", "2 slices"]),
     # --- train: MoE settings MaxText or the plugin refuse inside pydantic, named before MaxText starts
     ("train-moe-ring-ep1", ["train", "demo_moe_nvfp4", "use_ring_of_experts=true"],
      ["use_ring_of_experts=true", "ici_expert_parallelism=1", "use_ring_of_experts=false"]),
-    ("train-moe-ragged-sort-ep1", ["train", "demo_moe_bf16", "use_ragged_sort=true"], ["use_ragged_sort=true"]),
     ("train-moe-te-block", ["train", "demo_moe_nvfp4", "te_moe_block=true"], ["te_moe_block=true", "te_moe_block=false"]),
     ("train-moe-batch-split", ["train", "demo_moe_nvfp4", "use_batch_split_schedule=true"],
      ["use_batch_split_schedule=true", "use_batch_split_schedule=false"]),

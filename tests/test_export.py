@@ -344,12 +344,10 @@ def test_eval_quantized_bad_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
 
 
 # ---- the checkpoint decides; outputs checked first ----------------------------------------------------
-WRONG_CONFIGS = [
+WRONG_CONFIGS = [  # the two cases; every dimension kind: tests/tools/test_model_shapes.py
     ("fewer-layers", {"base_num_decoder_layers": 2}, ["num_decoder_layers: checkpoint 3, config 2"]),
     ("re-split-heads", {"base_num_query_heads": 2, "base_num_kv_heads": 1, "head_dim": 64},
      ["num_query_heads: checkpoint 4, config 2", "num_kv_heads: checkpoint 2, config 1", "head_dim: checkpoint 32, config 64"]),
-    ("wider-mlp", {"base_mlp_dim": 256}, ["mlp_dim: checkpoint 128, config 256 (base_mlp_dim)"]),
-    ("scanned", {"scan_layers": True, "nvfp4_keep_last_layers": 0}, ["scan_layers: checkpoint false, config true"]),
 ]
 
 
