@@ -8,6 +8,14 @@ Rule (``nvfp4_backend``):
   * ``te`` -> ``te`` under the same conditions as ``auto``; otherwise :class:`BackendError`, one line
     that says why and what to do, raised at config time (before any compilation).
 
+Consumer Blackwell (compute capability 12.x: RTX 50xx, RTX PRO, DGX Spark's GB10): Transformer Engine
+before :data:`SR_FIX_TE_VERSION` quantizes with stochastic rounding to all zeros there (no ``cvt.rs``
+instruction on that family; the device-side error compiles to nothing in release builds), so the default
+recipe, which rounds gradients stochastically, trains on zeroed gradients. Fixed by TE PR #3281
+(https://github.com/NVIDIA/TransformerEngine/pull/3281, commit fc1fc0e, merged 2026-08-12), first in the
+2.19 release branch (``release_v2.19``, VERSION 2.19.0; v2.18 was tagged before the merge). So on 12.x
+with an older TE, ``auto`` picks ``emulate`` (saying why) and ``te`` is refused naming the minimum version.
+
 Why ``>= 10.0``: TE JAX refuses NVFP4 below that (``_check_fp4_support``: "Device compute capability
 10.0 or higher required for NVFP4 execution."); Hopper (9.0) has no FP4 tensor cores.
 
@@ -30,6 +38,8 @@ from maxtext_nvfp4.core import settings
 BACKENDS = settings.BACKENDS
 # TE JAX's NVFP4 requirement (transformer_engine/jax/quantize/helper.py `_check_fp4_support`).
 MIN_COMPUTE_CAPABILITY = 10.0
+# First Transformer Engine release with PR #3281's stochastic-rounding fix for compute capability 12.x.
+SR_FIX_TE_VERSION = "2.19.0"
 INSTALL_HINT = "install the te extra: pip install 'maxtext-nvfp4[te]'"
 EMULATE_HINT = "or set nvfp4_backend=emulate"
 # pip distributions that carry TE's JAX binding, most specific first.
@@ -122,6 +132,32 @@ def _device_problem(devices: Sequence[Any]) -> str | None:
   return None
 
 
+def _version_tuple(version: str) -> tuple:
+  """``"2.19.0"`` -> ``(2, 19, 0)``; a pre-release or dev build (``2.19.0.dev0+g1``) sorts below its release."""
+  try:
+    from packaging.version import Version  # pylint: disable=import-outside-toplevel
+
+    return (Version(version),)
+  except Exception:  # pylint: disable=broad-exception-caught  (no packaging, or an unparsable version)
+    nums = []
+    for part in version.split("+")[0].split("."):
+      if not part.isdigit():
+        return tuple(nums) + (-1,)
+      nums.append(int(part))
+    return tuple(nums)
+
+
+def sr_zero_problem(devices: Sequence[Any], version: str | None) -> str | None:
+  """None unless a device has compute capability 12.x and TE ``version`` predates the SR fix; else why."""
+  for d in devices:
+    cc = device_compute_capability(d)
+    if cc is not None and 12.0 <= cc < 13.0 and version is not None and (
+        _version_tuple(version) < _version_tuple(SR_FIX_TE_VERSION)):
+      return (f"device {describe_device(d)} is consumer Blackwell, where Transformer Engine {version} < {SR_FIX_TE_VERSION}"
+              " rounds stochastically to all zeros (TE PR #3281), so NVFP4 gradients would be zero")
+  return None
+
+
 def _te_problem(version: str | None) -> str | None:
   """None when TE JAX is usable, else why. Imports TE: call it only once the devices qualify."""
   if version is None:
@@ -155,6 +191,13 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
   device_problem = _device_problem(devices)
   te_problem = None if device_problem else _te_problem(version)
 
+  sr_problem = None if (device_problem or te_problem) else sr_zero_problem(devices, version)
+  if sr_problem is not None:
+    fix = f"pip install 'transformer-engine-jax>={SR_FIX_TE_VERSION}'"
+    if requested == "te":
+      raise BackendError(f"nvfp4_backend=te cannot run: {sr_problem}; {fix}, or set nvfp4_backend=emulate")
+    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {sr_problem}; using the exact emulation ({fix}"
+                                                " to use TE)")
   if device_problem is None and te_problem is None:
     kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
     reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"

@@ -14,11 +14,12 @@ Sources:
 
 * ``embedded`` (default): the ``*.py`` sources of this Python's standard library (``sysconfig`` stdlib
   path), walked in sorted order, skipping test/site-packages/cache dirs and files over ``--max-file-kb``,
-  until ``--max-mb`` of text is collected. One document per file. Real text that is always present.
+  until ``--max-mb`` of text is collected (default 8). One document per file. Real text that is always present.
 * ``--input PATH ...``: local files or directories: ``*.jsonl`` / ``*.json`` (JSON lines with a ``text``
   field, e.g. C4 shards), the same gzip-compressed (``*.json.gz``, ``*.jsonl.gz``), and plain text (any
   other suffix except known binary/compressed ones; one document per file, cut at line boundaries into
-  ``--max-doc-kb`` pieces, and a longer line into ``--max-doc-kb`` pieces of its own).
+  ``--max-doc-kb`` pieces, and a longer line into ``--max-doc-kb`` pieces of its own). Kept whole unless
+  ``--max-mb`` is given; when that cap drops text, a line says how much was kept of how much.
 
 Split: document ``d`` goes to eval iff ``int(sha256(d)[:8], 16) / 2**32 < eval_fraction`` (stable under
 reordering and corpus growth); if that leaves a split empty, the last document is moved.
@@ -507,6 +508,11 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
     bar.close()
   if len(docs) < 2:
     raise DataError(f"need at least 2 documents for a train/eval split, got {len(docs)}; add input text")
+  if full and not embedded:  # the user asked for a cap: say what it dropped, and how to keep everything
+    given = sum(s["size"] for s in signature)
+    log(f"prepare-data: --max-mb {opts.max_mb:g} reached: kept {total / 1e6:.2f} MB of text ({len(docs)} documents,"
+        f" {len(inputs_record)} of {len(files)} input files; the inputs are {given / 1e6:.2f} MB on disk); the rest"
+        " is not in the dataset -- pass --max-mb 0 (or leave it out) to keep everything")
 
   # Split by content hash (see module docstring); the content hash is over the same document hashes.
   train, evals, content = [], [], hashlib.sha256()
@@ -570,7 +576,9 @@ def _parser() -> argparse.ArgumentParser:
                   help="text / JSONL / .json.gz files or dirs (e.g. C4 shards) instead of the embedded corpus")
   ap.add_argument("--out", "-o", default=None, help=f"output dir (default {DEFAULT_OUT} for the embedded corpus,"
                   " data/custom for --input)")
-  ap.add_argument("--max-mb", type=float, default=d.max_mb, help="cap on total text, MB (<= 0: no cap)")
+  ap.add_argument("--max-mb", type=float, default=None,
+                  help=f"cap on total text, MB (<= 0: no cap; default {d.max_mb:g} for the embedded corpus, no cap"
+                  " for --input: your files are kept whole)")
   ap.add_argument("--max-file-kb", type=int, default=d.max_file_kb, help="embedded: skip larger source files")
   ap.add_argument("--max-doc-kb", type=int, default=d.max_doc_kb, help="plain text: max document size, KB")
   ap.add_argument("--eval-fraction", type=float, default=d.eval_fraction)
@@ -589,7 +597,8 @@ def cli_main(argv: list[str]) -> int:
   except SystemExit as e:  # --help: 0; a usage error: 2, after its one line on stderr
     return int(e.code or 0)
   out = args.out or (os.path.join("data", "custom") if args.input else DEFAULT_OUT)
-  opts = PrepareOptions(inputs=tuple(args.input), out=out, max_mb=args.max_mb, max_file_kb=args.max_file_kb,
+  max_mb = args.max_mb if args.max_mb is not None else (0.0 if args.input else PrepareOptions().max_mb)
+  opts = PrepareOptions(inputs=tuple(args.input), out=out, max_mb=max_mb, max_file_kb=args.max_file_kb,
                         max_doc_kb=args.max_doc_kb, eval_fraction=args.eval_fraction, shard_mb=args.shard_mb,
                         tokenizer=args.tokenizer, vocab_size=args.vocab_size, text_field=args.text_field)
   try:

@@ -167,6 +167,12 @@ def collect(recipe: str | Path | recipes_mod.Recipe | None = None, overrides: Se
 def format_human(r: dict[str, Any]) -> str:
   """The report as aligned text lines."""
   j, te, mt = r["jax"], r["transformer_engine"], r["maxtext"]
+  import_error = te["jax_import"] if te.get("installed") and te.get("jax_import") not in (None, "ok") else None
+
+  def once(reason: str) -> str:
+    """The TE import error is printed on the TE line; later lines point at it instead of repeating it."""
+    return reason.replace(f" ({import_error})", " (the import error on the TE line)") if import_error else reason
+
   lines = [f"maxtext-nvfp4 {r['maxtext_nvfp4']} (Python {r['python']})"]
   lines.append(f"JAX:          {j.get('version')} (default backend: {j.get('default_backend')})"
                + (f"  ERROR {j['error']}" if j.get("error") else ""))
@@ -181,7 +187,7 @@ def format_human(r: dict[str, Any]) -> str:
   lines.append(f"MaxText:      {mt.get('version') or 'not installed'}; patch series: {patch.get('state')}"
                + (f" ({patch['message']})" if patch.get("message") else ""))
   b = r["backend_auto"]
-  lines.append(f"Backend auto: {b['name']} -- {b['reason']}")
+  lines.append(f"Backend auto: {b['name']} -- {once(b['reason'])}")
   rec = r.get("recipe")
   if rec is not None:
     lines.append(f"Recipe:       {rec['file']}")
@@ -195,7 +201,7 @@ def format_human(r: dict[str, Any]) -> str:
       lines.append(f"  {k:<26} = {v['value']!r:<10} ({v['source']})")
     if rec.get("backend"):
       name = rec["backend"]["name"] or "none"
-      lines.append(f"  backend: {name} -- {rec['backend']['reason']}")
+      lines.append(f"  backend: {name} -- {once(rec['backend']['reason'])}")
     if rec.get("te_recipe"):
       lines.append(f"  TE NVFP4BlockScaling({', '.join(f'{k}={v}' for k, v in rec['te_recipe'].items())})")
     for op, where in (rec.get("amax_scope") or {}).items():
@@ -205,7 +211,7 @@ def format_human(r: dict[str, Any]) -> str:
       lines.append(f"  {te_limits.REFUSAL_PREFIX} {len(refused)} limit(s) broken (emulate pads them; te stops):")
       lines.extend(f"    {r.text()}" for r in refused)
     if rec.get("error"):
-      lines.append(f"  ERROR: {rec['error']}")
+      lines.append(f"  ERROR: {once(rec['error'])}")
   return "\n".join(lines)
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import json
 import sys
 
+from maxtext_nvfp4.tools import cli
+from maxtext_nvfp4.tools import cliargs
 from maxtext_nvfp4.tools import export
 
 PROG = "maxtext-nvfp4 eval-quantized"
@@ -32,14 +34,15 @@ PROG = "maxtext-nvfp4 eval-quantized"
 def build_parser():
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
 
-  p = export._Parser(prog=PROG, description="Eval loss of a checkpoint with its linears served in NVFP4/FP8/bf16")  # pylint: disable=protected-access
+  p = cli.ArgumentParser(prog=PROG, description="Eval loss of a checkpoint with its linears served in NVFP4/FP8/bf16")
   p.add_argument("checkpoint", metavar="CHECKPOINT_DIR", help="as for export")
-  p.add_argument("--config", default=None, help="the recipe the run trained with (default: MaxText's base.yml)")
+  p.add_argument("--config", default=None,
+                 help="the recipe the run trained with (default: the run's maxtext_nvfp4_run.json, else base.yml)")
   p.add_argument("--mode", action="append", choices=serving.SERVING_MODES,
                  help="repeatable; default: all of " + ", ".join(serving.SERVING_MODES))
-  p.add_argument("--eval-batches", type=int, default=4, help="eval batches (default 4)")
+  p.add_argument("--eval-batches", type=cliargs.number(integer=True, at_least=1), default=4, help="eval batches (default 4)")
   p.add_argument("--quantize", choices=("trained", "all"), default="trained", help="which linears, as for export")
-  p.add_argument("--json", default=None, help="also write the result to this JSON file")
+  p.add_argument("--json", default=None, help="also write the result to this JSON file (checked first, written whole)")
   p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for training")
   return p
 
@@ -70,31 +73,40 @@ def evaluate(model, names: list[str], batches: list[dict], modes: list[str]) -> 
   return out
 
 
-def run_eval(checkpoint: str, config_args: list[str], *, modes: list[str], eval_batches: int,
-             quantize: str = "trained") -> dict:
-  """The result dict (see the module docstring). Raises ``checkpoint.CheckpointError`` (one line)."""
+def run_eval(checkpoint: str, config_args: list[str] | None, *, modes: list[str], eval_batches: int,
+             quantize: str = "trained", config_overrides: list[str] = ()) -> dict:
+  """The result dict (see the module docstring). Raises ``checkpoint.CheckpointError`` or
+  ``model_shapes.ShapeMismatch`` (one line). ``config_args`` None: as ``export.resolve_config_args``."""
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
 
   if eval_batches < 1:
     raise ckpt.CheckpointError("--eval-batches must be >= 1")
   items = ckpt.find_items(checkpoint)
+  source = "the caller"
+  if config_args is None:
+    config_args, source = export.resolve_config_args(items, None, list(config_overrides))
   config = ckpt.load_config(config_args)
+  model_shapes.check(items, config)
+  export.check_supported(config)
+  data = export.data_description(config)
   model = ckpt.to_hf(items, config)
   names = export.quantized_linears(model, quantize)
-  batches = list(ckpt.eval_batches(config, eval_batches))
+  batches = list(export._batches(config, eval_batches, "--eval-batches"))  # pylint: disable=protected-access
   if not batches:
-    raise ckpt.CheckpointError("eval data: the run's data gave no batch")
+    raise ckpt.CheckpointError(f"eval data: {data} gave no batch")
   sums = evaluate(model, names, batches, modes)
   losses = {m: s / max(n, 1.0) for m, (s, n) in sums.items()}
   ref = losses.get("bf16")
   return {"checkpoint": items, "batches": len(batches), "tokens": int(next(iter(sums.values()))[1]),
-          "served_linears": len(names), "losses": losses,
+          "served_linears": len(names), "data": data, "config_source": source, "losses": losses,
           "delta_vs_bf16": {m: v - ref for m, v in losses.items()} if ref is not None else {}}
 
 
 def format_table(result: dict) -> str:
   lines = [f"eval loss of {result['checkpoint']} ({result['batches']} batches, {result['tokens']} tokens,"
-           f" {result['served_linears']} served linears)", "", "| mode | eval loss | vs bf16 |", "|---|---|---|"]
+           f" {result['served_linears']} served linears; data: {result['data']};"
+           f" config from {result['config_source']})", "", "| mode | eval loss | vs bf16 |", "|---|---|---|"]
   for mode, loss in result["losses"].items():
     d = result["delta_vs_bf16"].get(mode)
     lines.append(f"| {mode} | {loss:.4f} | {'' if d is None else f'{d:+.4f}'} |")
@@ -118,15 +130,22 @@ def cli_main(argv: list[str]) -> int:
   if bad:
     return fail(f"{bad[0]!r} is not key=value (config overrides come after the options)")
   modes = a.mode or list(serving.SERVING_MODES)
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import outputs  # pylint: disable=import-outside-toplevel
+
   try:
-    config_args = ([recipes.find_recipe(a.config)] if a.config else []) + list(a.overrides)
-    result = run_eval(a.checkpoint, config_args, modes=modes, eval_batches=a.eval_batches, quantize=a.quantize)
-  except (ckpt.CheckpointError, recipes.RecipeError) as e:
+    json_path = outputs.check_out_file(a.json, flag="--json") if a.json else None  # before any work
+    config_args = ([recipes.find_recipe(a.config)] + list(a.overrides)) if a.config else None
+    result = run_eval(a.checkpoint, config_args, modes=modes, eval_batches=a.eval_batches, quantize=a.quantize,
+                      config_overrides=a.overrides)
+  except (ckpt.CheckpointError, recipes.RecipeError, outputs.OutputError, model_shapes.ShapeMismatch) as e:
     return fail(str(e))
   print(format_table(result))
-  if a.json:
-    with open(a.json, "w", encoding="utf-8") as f:
-      json.dump(result, f, indent=2)
+  if json_path:
+    try:
+      outputs.publish_file(json_path, json.dumps(result, indent=2) + "\n")
+    except OSError as e:
+      return fail(f"--json {json_path}: writing failed ({e.strerror or e})")
   return 0
 
 

@@ -28,7 +28,9 @@ Conveniences over calling MaxText directly:
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import sys
 
 import maxtext_nvfp4
@@ -142,6 +144,130 @@ def with_single_host_cpu_defaults(args: list[str], cfg: dict | None = None) -> l
   return [*args, "skip_jax_distributed_system=true"]
 
 
+# keys whose relative paths MaxText resolves against the working directory (recorded absolute for export)
+PATH_KEYS = ("tokenizer_path", "grain_train_files", "grain_eval_files", "metrics_file", "hf_data_dir")
+
+
+def with_absolute_output_dir(args: list[str], cfg: dict) -> tuple[list[str], dict]:
+  """``base_output_directory`` made absolute (Orbax refuses a relative checkpoint path, after compiling:
+  "Checkpoint path should be absolute"). The recipes say ``runs``: resolved against the working directory,
+  as MaxText resolves ``metrics_file``. Set where the value came from (command line or ``M_`` variable)."""
+  base = cfg.get("base_output_directory")
+  if not isinstance(base, str) or not base or "://" in base or os.path.isabs(base):
+    return args, cfg
+  absolute = os.path.abspath(os.path.expanduser(base))
+  if "M_BASE_OUTPUT_DIRECTORY" in os.environ:
+    os.environ["M_BASE_OUTPUT_DIRECTORY"] = absolute
+  else:
+    args = [a for a in args if not a.startswith("base_output_directory=")] + [f"base_output_directory={absolute}"]
+  return args, {**cfg, "base_output_directory": absolute}
+
+
+def _host_cpu_devices() -> int:
+  """JAX's CPU device count on this host, without starting JAX (``--xla_force_host_platform_device_count``)."""
+  m = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+  return int(m.group(1)) if m else 1
+
+
+def mesh_problem(cfg: dict, devices: int) -> str | None:
+  """Why MaxText's mesh of ``cfg`` cannot be built from ``devices`` devices in one slice (MaxText asserts
+  "Number of devices per slice ... does not match the product of the ICI parallelism"), or None."""
+  def axes(prefix):
+    return {k: int(v) for k, v in cfg.items() if re.fullmatch(prefix + r"_\w+_parallelism", k)
+            and isinstance(v, int) and not isinstance(v, bool)}
+
+  ici, dcn = axes("ici"), axes("dcn")
+  fixed = math.prod(v for v in ici.values() if v > 0)
+  fill = any(v == -1 for v in ici.values())
+  slices = math.prod(v for v in dcn.values() if v > 0)
+  if slices > 1:
+    keys = ", ".join(f"{k}={v}" for k, v in dcn.items() if v > 1)
+    return f"{keys} asks for {slices} slices (this host is one)"
+  if (devices % fixed != 0) if fill else (fixed != devices):
+    keys = " x ".join(f"{k}={v}" for k, v in ici.items() if v > 1) or "the ICI parallelism"
+    many = sum(v > 1 for v in ici.values()) > 1
+    return (f"{keys} needs {fixed} devices per slice, but this host has {devices} CPU device"
+            f"{'s' if devices != 1 else ''} ({'set them to 1, or one to -1' if many else 'set it to 1 or -1'})")
+  return None
+
+
+def cpu_host_error(args: list[str], cfg: dict) -> str | None:
+  """On a host without accelerators: one line naming EVERY setting of a GPU-node recipe that cannot run
+  here (``attention=cudnn_flash_te``, ``nvfp4_backend=te``, a mesh for more devices) and the CPU-sized
+  recipe to use, so fixing one does not reveal the next. None when nothing but TE quantization is amiss
+  (:func:`hardware_error` says that) or when an accelerator or a JAX coordinator is present."""
+  if _accelerator_present() or "JAX_COORDINATOR_ADDRESS" in os.environ:
+    return None
+  from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+  needs = [what for what, _ in recipes.requirements(cfg)]
+  attention = any(w.startswith("attention=") for w in needs)
+  mesh = mesh_problem(cfg, _host_cpu_devices())
+  if not attention and mesh is None:
+    return None
+  nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"
+  blockers = []
+  if attention:
+    blockers.append("attention=cudnn_flash_te needs Transformer Engine on an NVIDIA GPU (set attention=dot_product)")
+  if nvfp4 and str(cfg.get("nvfp4_backend", "auto")) == "te":
+    blockers.append("nvfp4_backend=te needs TE on Blackwell (set nvfp4_backend=emulate)")
+  for w in needs:
+    if w.startswith("quantization=") and not w.startswith("quantization=nvfp4"):
+      blockers.append(f"{w} needs Transformer Engine on an NVIDIA GPU")
+  if mesh:
+    blockers.append(mesh)
+  recipe = os.path.basename(args[0]) if args and "=" not in args[0] else "this config"
+  alt = "demo_nvfp4.yml (CPU-sized, exact NVFP4 emulation)" if nvfp4 else "demo_bf16.yml (CPU-sized)"
+  tail = "" if recipe.startswith("demo_") else f"; on CPU use {alt} instead"
+  return f"{recipe} cannot run on this host (no GPU or TPU): {'; '.join(blockers)}{tail}"
+
+
+# MaxText 0.2.5 configs/types.py: with expert parallelism off these must keep their disabled value
+# ("When EP rank is 1, <flag> must be <value>"), unless override_logical_axis_rules is set.
+EP_ONLY_FLAGS = {"use_ring_of_experts": False, "use_random_routing": False, "use_ragged_sort": False,
+                 "num_moe_emb_chunks": 0}
+
+
+def expert_parallel_error(cfg: dict) -> str | None:
+  """One line when an expert-parallel-only MoE flag is on while expert parallelism is 1, else None."""
+  if cfg.get("override_logical_axis_rules") or not isinstance(cfg.get("num_experts", 1), int):
+    return None
+  ep = {k: cfg.get(k, 1) for k in ("ici_expert_parallelism", "dcn_expert_parallelism")}
+  if not all(isinstance(v, int) and v >= 1 for v in ep.values()) or math.prod(ep.values()) > 1:
+    return None
+  for flag, off in EP_ONLY_FLAGS.items():
+    if flag in cfg and cfg[flag] != off and cfg[flag] is not None:
+      value = str(cfg[flag]).lower() if isinstance(cfg[flag], bool) else cfg[flag]
+      return (f"{flag}={value} works only with expert parallelism, but ici_expert_parallelism="
+              f"{ep['ici_expert_parallelism']} and dcn_expert_parallelism={ep['dcn_expert_parallelism']}; set"
+              f" {flag}={str(off).lower()}, or ici_expert_parallelism > 1")
+  return None
+
+
+def moe_error(cfg: dict) -> str | None:
+  """The plugin's one-line MoE refusals (``te_moe_block``, ``use_batch_split_schedule``, the sparse path's
+  ``use_ring_of_experts`` / expert parallelism), asked before MaxText starts: inside MaxText's pydantic
+  validation they would arrive wrapped in its multi-line error text. None when fine or not decidable here."""
+  if str(cfg.get("quantization", "")) != "nvfp4" or not isinstance(cfg.get("num_experts", 1), int) \
+      or int(cfg.get("num_experts", 1)) <= 1:
+    return None
+  import types  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
+
+  try:
+    from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel
+
+    check_model = getattr(quantization, "check_model")
+    ns = types.SimpleNamespace(**{**cfg, "num_decoder_layers": int(cfg.get("base_num_decoder_layers", 0))})
+    check_model(ns, settings.from_config(ns), "emulate", num_devices=None)
+  except settings.SettingsError as e:
+    return " ".join(str(e).split())
+  except Exception:  # pylint: disable=broad-exception-caught  (not decidable from the keys: MaxText will say)
+    return None
+  return None
+
+
 def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   """``(args with the recipe resolved to its path, effective config)``, or :class:`recipes.RecipeError` /
   :class:`settings.SettingsError` with the one line to print: everything :func:`cli_main` refuses before
@@ -164,7 +290,8 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   if bad_type is not None:
     raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
-  problem = (nvfp4 and recipes.settings_error(cfg)) or hardware_error(args, cfg) or recipes.missing_data_error(cfg)
+  problem = ((nvfp4 and recipes.settings_error(cfg)) or cpu_host_error(args, cfg) or hardware_error(args, cfg)
+             or moe_error(cfg) or expert_parallel_error(cfg) or recipes.missing_data_error(cfg))
   if problem:
     raise recipes.RecipeError(problem)
   return args, cfg
@@ -188,6 +315,7 @@ def cli_main(argv: list[str]) -> int:
     args, cfg = check_command_line(args)
   except _config_error_types() as e:
     return _fail(" ".join(str(e).split()))
+  args, cfg = with_absolute_output_dir(args, cfg)
   ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
   for stream in (sys.stdout, sys.stderr):
@@ -195,13 +323,49 @@ def cli_main(argv: list[str]) -> int:
       stream.reconfigure(line_buffering=True)
   maxtext_nvfp4.register()
   args = with_single_host_cpu_defaults(with_default_tokenizer(args, cfg), cfg)
+  record = _record_run(args, cfg)
   from absl import app  # pylint: disable=import-outside-toplevel
 
+  rc = 0
   try:
     app.run(_main_exit_2_on_config_error, argv=["maxtext_nvfp4.train", *args])
   except SystemExit as e:
-    return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  return 0
+    rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  if rc == 2 and record:  # a config error MaxText found: the run did not start, leave nothing behind
+    _unrecord(record)
+  return rc
+
+
+def _record_run(args: list[str], cfg: dict) -> tuple[str, bool] | None:
+  """Write :mod:`maxtext_nvfp4.tools.run_record` beside the run's checkpoints (a local run with a
+  ``run_name``): ``(record path, whether its folder was created)``, or None."""
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  folder = run_record.run_dir(cfg)
+  if folder is None:
+    return None
+  if args and args[0].endswith(".yml"):
+    args = [os.path.abspath(args[0]), *args[1:]]
+  absolute = [f"{k}={os.path.abspath(v)}" for k in PATH_KEYS for v in [cfg.get(k)]
+              if isinstance(v, str) and v and "://" not in v and not os.path.isabs(v) and v != "default"]
+  created = not os.path.exists(folder)
+  try:
+    path = run_record.write(folder, [*args, *absolute], cfg, maxtext_nvfp4.__version__)
+  except OSError as e:
+    print(f"maxtext-nvfp4: could not record the run's config in {folder} ({e.strerror}); export will need --config",
+          flush=True)
+    return None
+  return path, created
+
+
+def _unrecord(record: tuple[str, bool]) -> None:
+  path, created = record
+  try:
+    os.unlink(path)
+    if created:
+      os.rmdir(os.path.dirname(path))
+  except OSError:
+    pass
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ H100 = FakeDevice("gpu", "NVIDIA H100 80GB HBM3", 0, "9.0")
 B200 = FakeDevice("gpu", "NVIDIA B200", 0, "10.0")
 B200_1 = FakeDevice("gpu", "NVIDIA B200", 1, "10.0")
 RTX5090 = FakeDevice("gpu", "NVIDIA GeForce RTX 5090", 0, "12.0")
+GB10 = FakeDevice("gpu", "NVIDIA GB10", 0, "12.1")
 ROCM = FakeDevice("gpu", "AMD Instinct MI300X", 0, None)
 
 TE_OK = dict(version="2.9.0")
@@ -56,13 +57,34 @@ def test_compute_capability_parsing():
   assert capability.device_compute_capability(FakeDevice("gpu", "x", 0, "10.3")) == pytest.approx(10.3)
 
 
-@pytest.mark.parametrize("devices", [[B200], [B200, B200_1], [RTX5090]])
-def test_auto_picks_te_on_blackwell_with_te(devices, fake_te):
-  fake_te(**TE_OK)
+@pytest.mark.parametrize("devices,version", [([B200], "2.9.0"), ([B200, B200_1], "2.9.0"), ([RTX5090], "2.19.0"),
+                                             ([GB10], "2.20.2")])
+def test_auto_picks_te_on_blackwell_with_te(devices, version, fake_te):
+  fake_te(version)
   c = choose_backend("auto", devices=devices)
   assert c.name == "te"
-  assert "2.9.0" in c.reason
+  assert version in c.reason
   assert f"cc {devices[0].compute_capability}" in c.reason
+
+
+# TE before 2.19.0 (PR #3281) rounds stochastically to all zeros on compute capability 12.x.
+@pytest.mark.parametrize("devices,version", [([RTX5090], "2.9.0"), ([GB10], "2.18.0"), ([RTX5090], "2.19.0.dev0+gabc"),
+                                             ([B200, dataclasses.replace(RTX5090, id=1)], "2.17.1")])
+def test_consumer_blackwell_with_te_before_the_sr_fix(devices, version, fake_te):
+  fake_te(version)
+  c = choose_backend("auto", devices=devices)
+  assert c.name == "emulate" and "\n" not in c.reason
+  assert f"Transformer Engine {version} < 2.19.0" in c.reason and "#3281" in c.reason and "cc 12." in c.reason
+  with pytest.raises(BackendError) as e:
+    choose_backend("te", devices=devices)
+  msg = str(e.value)
+  assert "\n" not in msg and msg.startswith("nvfp4_backend=te cannot run:") and ">=2.19.0" in msg
+  assert "nvfp4_backend=emulate" in msg
+
+
+def test_datacenter_blackwell_keeps_te_with_any_te_version(fake_te):
+  fake_te("2.9.0")
+  assert choose_backend("te", devices=[B200]).name == "te"
 
 
 @pytest.mark.parametrize(

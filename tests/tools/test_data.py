@@ -286,3 +286,26 @@ def test_interrupted_rebuild_leaves_the_previous_dataset_usable(tmp_path, monkey
     new = json.load(f)
   _dataset_intact(out, new)
   assert len(new["splits"]["train"]["files"]) == 1 and not os.path.exists(build)
+
+
+def test_user_files_are_kept_whole_unless_a_cap_is_asked_for(tmp_path, capsys):
+  """9 MB of user text (over the embedded corpus's 8 MB default) is kept whole; an explicit --max-mb keeps
+  less and says how much, and how to keep everything."""
+  big = tmp_path / "big.txt"
+  line = "the quick brown fox jumps over the lazy dog " * 20 + "\n"  # 881 bytes
+  with open(big, "w", encoding="utf-8") as f:
+    for i in range(10_300):
+      f.write(f"{i} {line}")
+  size = os.path.getsize(big)
+  assert size > 9e6
+  out = tmp_path / "whole"
+  assert data.cli_main(["--input", str(big), "--out", str(out), "--tokenizer", "none", "--quiet"]) == 0
+  kept = "".join(_rows(str(out), "train") + _rows(str(out), "eval"))
+  assert len(kept.encode("utf-8")) == size and "max-mb" not in capsys.readouterr().err
+  capped = tmp_path / "capped"
+  assert data.cli_main(["--input", str(big), "--out", str(capped), "--tokenizer", "none", "--quiet",
+                        "--max-mb", "2"]) == 0
+  err = capsys.readouterr().err
+  assert "--max-mb 2 reached: kept" in err and "pass --max-mb 0" in err, err
+  kept = "".join(_rows(str(capped), "train") + _rows(str(capped), "eval"))
+  assert 1.9e6 < len(kept.encode("utf-8")) <= 2e6

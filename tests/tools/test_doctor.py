@@ -164,3 +164,30 @@ def test_overrides_without_recipe_are_rejected(capsys):
   with pytest.raises(SystemExit) as e:
     doctor.cli_main(["nvfp4_rht=false"])
   assert e.value.code == 2 and "need --recipe" in capsys.readouterr().err
+
+
+def test_a_te_import_error_is_printed_once(monkeypatch, tmp_path):
+  """On a Blackwell host whose TE fails to import, the error text appears on the TE line only (the backend
+  lines point at it), with the capability module's TE probes faked as in test_capability."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
+
+  @dataclasses.dataclass(frozen=True)
+  class Gpu:
+    platform: str = "gpu"
+    device_kind: str = "NVIDIA B200"
+    id: int = 0
+    compute_capability: str = "10.0"
+
+  err = "ImportError: libcudnn_graph.so.9: cannot open shared object file: No such file or directory"
+  monkeypatch.setattr(doctor, "_jax_section", lambda: {"version": "x", "default_backend": "gpu", "devices": [
+      {"id": 0, "platform": "gpu", "kind": "NVIDIA B200", "compute_capability": 10.0}], "_devices": [Gpu()]})
+  monkeypatch.setattr(capability, "te_version", lambda: "2.20.2")
+  monkeypatch.setattr(capability, "te_unavailable_reason", lambda: err)
+  recipe = tmp_path / "te.yml"
+  recipe.write_text("base_config: base.yml\nquantization: nvfp4\nnvfp4_backend: te\n")
+  text = doctor.format_human(doctor.collect(str(recipe)))
+  assert text.count("libcudnn_graph.so.9") == 1, text
+  assert "Backend auto: emulate" in text and "the import error on the TE line" in text
+  assert "nvfp4_backend=te cannot run" in text

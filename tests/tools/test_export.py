@@ -11,7 +11,10 @@ The file is read back with a safetensors reader and an NVFP4 decoder written her
   * the layout: an HF-order Llama forward (core.serving.llama_forward: modeling_llama's operations on
     HF names) of the decoded export == MaxText's own forward with the same weights put back in MaxText
     layout, to fp32 tolerance -- names, transposes, RoPE layout and query scaling must all be right;
-  * errors: a bad path or an unsupported model is one line on stderr and exit code 2.
+  * errors: a bad path or an unsupported model is one line on stderr and exit code 2;
+  * the checkpoint decides: a config that disagrees with its shapes is refused (export, eval-quantized);
+    ``--out`` / ``--json`` are checked before any work; a re-export over an earlier one (config from the
+    run's record, an HF tokenizer) replaces it whole, with a tokenizer that appends no EOS.
 """
 
 import json
@@ -40,7 +43,7 @@ E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
 
 
 def _overrides(out, **extra):
-  return tiny_argv(out, run_name="run", **MODEL, **{**TRAIN, **extra}, skip_jax_distributed_system=True)[2:]
+  return tiny_argv(out, run_name="run", **{**MODEL, **TRAIN, **extra}, skip_jax_distributed_system=True)[2:]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def exported(tmp_path_factory):
   train.main(tiny_argv(out, run_name="run", **MODEL, **TRAIN, skip_jax_distributed_system=True))
   hf_dir = os.path.join(out, "hf")
   rc = export.cli_main([os.path.join(out, "run", "checkpoints"), "--out", hf_dir, "--calibration-batches", "2",
-                        *_overrides(out)])
+                        "--calibrate-on-synthetic", "--no-tokenizer", *_overrides(out)])
   assert rc == 0
   return {"out": out, "hf": hf_dir, "tensors": read_safetensors(os.path.join(hf_dir, "model.safetensors")),
           "trained": trained_params(os.path.join(out, "run", "checkpoints", "1", "items"))}
@@ -340,3 +343,166 @@ def test_eval_quantized_bad_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
   assert eval_quantized.cli_main([str(tmp_path / "missing")]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("maxtext-nvfp4 eval-quantized: error:") and "missing" in err[0]
+
+
+# ---- the checkpoint decides; outputs checked first ----------------------------------------------------
+WRONG_CONFIGS = [  # the issue's two cases; every dimension kind: tests/tools/test_model_shapes.py
+    ("fewer-layers", {"base_num_decoder_layers": 2}, ["num_decoder_layers: checkpoint 3, config 2"]),
+    ("re-split-heads", {"base_num_query_heads": 2, "base_num_kv_heads": 1, "head_dim": 64},
+     ["num_query_heads: checkpoint 4, config 2", "num_kv_heads: checkpoint 2, config 1", "head_dim: checkpoint 32, config 64"]),
+]
+
+
+def _one_line_error(capsys, prefix):
+  err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
+  assert len(err) == 1 and err[0].startswith(prefix) and "Traceback" not in err[0], err
+  return err[0]
+
+
+@pytest.mark.parametrize("row, extra, words", WRONG_CONFIGS, ids=[r[0] for r in WRONG_CONFIGS])
+def test_a_config_that_disagrees_with_the_checkpoint_is_refused(exported, tmp_path, capsys, row, extra, words):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  ckpt = os.path.join(exported["out"], "run", "checkpoints")
+  rc = export.cli_main([ckpt, "--out", str(tmp_path / "o"), "--calibrate-on-synthetic", "--no-tokenizer",
+                        *_overrides(exported["out"], **extra)])
+  line = _one_line_error(capsys, "maxtext-nvfp4 export: error: checkpoint")
+  assert rc == 2 and all(w in line for w in words), line
+  assert os.listdir(tmp_path) == []
+
+
+def test_eval_quantized_refuses_a_config_that_disagrees_with_the_checkpoint(exported, tmp_path, capsys):
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  ckpt = os.path.join(exported["out"], "run", "checkpoints")
+  rc = eval_quantized.cli_main([ckpt, "--json", str(tmp_path / "r.json"),
+                                *_overrides(exported["out"], base_num_decoder_layers=2)])
+  line = _one_line_error(capsys, "maxtext-nvfp4 eval-quantized: error: checkpoint")
+  assert rc == 2 and "num_decoder_layers: checkpoint 3, config 2" in line and os.listdir(tmp_path) == []
+
+
+OUT_ROWS = [  # (row, how to make --out, words); each refused before the checkpoint is opened
+    ("out-is-a-file", "file", ["is a file, not a folder"]),
+    ("out-parent-missing", "no-parent", ["parent folder", "does not exist"]),
+    ("out-not-writable", "read-only", ["is not writable"]),
+    ("out-foreign-folder", "foreign", ["exists and is not a maxtext-nvfp4 export", "choose a new folder"]),
+]
+
+
+@pytest.mark.parametrize("row, setup, words", OUT_ROWS, ids=[r[0] for r in OUT_ROWS])
+def test_export_out_is_checked_before_any_work(tmp_path, monkeypatch, capsys, row, setup, words):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  out = tmp_path / "o"
+  if setup == "file":
+    out.write_text("x")
+  elif setup == "no-parent":
+    out = tmp_path / "missing" / "o"
+  elif setup == "foreign":
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+  else:  # simulated (root writes everywhere)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(tmp_path) else real(p, m))
+  before = sorted(os.walk(tmp_path))
+  # a checkpoint that does not exist: the --out line must come first, before anything is opened
+  assert export.cli_main([str(tmp_path / "no_checkpoint"), "--out", str(out)]) == 2
+  line = _one_line_error(capsys, f"maxtext-nvfp4 export: error: --out {out}")
+  assert all(w in line for w in words), line
+  assert sorted(os.walk(tmp_path)) == before
+
+
+def test_eval_quantized_json_is_checked_before_any_work(tmp_path, capsys):
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  for bad, word in ((tmp_path / "nodir" / "r.json", "does not exist"), (tmp_path, "is a folder")):
+    assert eval_quantized.cli_main([str(tmp_path / "no_checkpoint"), "--json", str(bad)]) == 2
+    assert word in _one_line_error(capsys, f"maxtext-nvfp4 eval-quantized: error: --json {bad}")
+  assert os.listdir(tmp_path) == []
+
+
+def test_synthetic_calibration_data_is_refused_unless_asked(exported, tmp_path, capsys):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  ckpt = os.path.join(exported["out"], "run", "checkpoints")
+  assert export.cli_main([ckpt, "--out", str(tmp_path / "o"), "--no-tokenizer", *_overrides(exported["out"])]) == 2
+  line = _one_line_error(capsys, "maxtext-nvfp4 export: error: calibration data")
+  assert "dataset_type=synthetic" in line and "--calibrate-on-synthetic" in line and os.listdir(tmp_path) == []
+  assert export.cli_main([ckpt, "--out", str(tmp_path / "o"), "--calibration-batches", "0"]) == 2
+  line = _one_line_error(capsys, "maxtext-nvfp4 export: error: argument --calibration-batches")
+  assert ">= 1" in line
+
+
+def test_unreadable_calibration_data_names_no_refused_option(exported, tmp_path, capsys):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  ckpt = os.path.join(exported["out"], "run", "checkpoints")
+  rc = export.cli_main([ckpt, "--out", str(tmp_path / "o"), "--no-tokenizer", "--calibration-batches", "1",
+                        *_overrides(exported["out"], dataset_type="grain", grain_file_type="parquet",
+                                    grain_train_files=str(tmp_path / "none-*.parquet"), grain_worker_count=0)])
+  line = _one_line_error(capsys, "maxtext-nvfp4 export: error: calibration data")
+  assert rc == 2 and "--calibration-batches 0" not in line and "dataset_type" in line, line
+  assert os.listdir(tmp_path) == []
+
+
+def _word_tokenizer(folder):
+  """A tiny HF tokenizer as prepare-data writes one (post-processor ``<s> $A </s>``, add_eos_token true)
+  with non-default special ids (<s> = 5, </s> = 6), so ids copied from the tokenizer are visible."""
+  from tokenizers import Tokenizer, models, pre_tokenizers, processors  # pylint: disable=import-outside-toplevel
+
+  vocab = {"<unk>": 0, "hello": 1, "world": 2, "a": 3, "b": 4, "<s>": 5, "</s>": 6, "<pad>": 7}
+  tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.add_special_tokens(["<s>", "</s>", "<pad>"])
+  tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", pair="<s> $A </s> <s> $B </s>",
+                                                     special_tokens=[("<s>", 5), ("</s>", 6)])
+  os.makedirs(folder)
+  tok.save(os.path.join(folder, "tokenizer.json"))
+  with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+               "pad_token": "<pad>", "add_bos_token": True, "add_eos_token": True}, f)
+
+
+def test_reexport_from_the_runs_record_replaces_the_earlier_export_whole(exported, tmp_path, capsys):
+  """No --config: the run's record decides; the earlier export (plus stale shards) is replaced as a whole;
+  the tokenizer serves: BOS, no EOS, ids from the tokenizer in config.json and generation_config.json."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  import stat  # pylint: disable=import-outside-toplevel
+
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+  from maxtext_helpers import BASE_YML  # pylint: disable=import-outside-toplevel
+
+  run = tmp_path / "run"
+  shutil.copytree(os.path.join(exported["out"], "run", "checkpoints"), run / "checkpoints")
+  _word_tokenizer(str(tmp_path / "tok"))
+  args = [BASE_YML, *_overrides(exported["out"], tokenizer_type="huggingface", tokenizer_path=str(tmp_path / "tok"))]
+  with open(run / run_record.RECORD, "w", encoding="utf-8") as f:
+    json.dump({"format": run_record.FORMAT, "maxtext_nvfp4": "test", "args": args, "model": {}}, f)
+  hf = tmp_path / "hf"
+  shutil.copytree(exported["hf"], hf)
+  for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json"):
+    (hf / stale).write_text("stale")
+  capsys.readouterr()
+  assert export.cli_main([str(run / "checkpoints"), "--out", str(hf), "--calibration-batches", "1",
+                          "--calibrate-on-synthetic"]) == 0
+  err = capsys.readouterr().err
+  assert f"config from {run / run_record.RECORD}" in err and "dataset_type=synthetic" in err
+  assert sorted(os.listdir(hf)) == sorted(["model.safetensors", "config.json", "hf_quant_config.json", export.MARKER,
+                                           "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+  assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == []
+  assert all(stat.S_IMODE(os.stat(hf / n).st_mode) == 0o644 for n in os.listdir(hf))
+  with open(hf / "config.json", encoding="utf-8") as f:
+    config = json.load(f)
+  with open(hf / "generation_config.json", encoding="utf-8") as f:
+    generation = json.load(f)
+  with open(hf / "tokenizer_config.json", encoding="utf-8") as f:
+    tok_cfg = json.load(f)
+  assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (5, 6, 7)
+  assert (generation["bos_token_id"], generation["eos_token_id"]) == (5, 6)
+  assert tok_cfg["add_eos_token"] is False and tok_cfg["add_bos_token"] is True
+  assert Tokenizer.from_file(str(hf / "tokenizer.json")).encode("hello world").ids == [5, 1, 2]
+  # the same weights as the first export (the record holds the same config)
+  assert read_safetensors(str(hf / "model.safetensors")).keys() == exported["tensors"].keys()

@@ -114,3 +114,46 @@ def test_type_check_accepts_every_packaged_recipe(name):
 
   r = recipes.resolve([name])
   assert config_errors.field_error(r.values, list(r.sources)) is None
+
+
+def test_a_relative_base_output_directory_is_made_absolute(tmp_path, monkeypatch):
+  """Orbax refuses a relative checkpoint path only after compiling; the recipes say ``runs``."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.delenv("M_BASE_OUTPUT_DIRECTORY", raising=False)
+  args, cfg = train.with_absolute_output_dir(["r.yml", "base_output_directory=runs", "steps=2"],
+                                             {"base_output_directory": "runs", "steps": 2})
+  assert args == ["r.yml", "steps=2", f"base_output_directory={tmp_path / 'runs'}"]
+  assert cfg["base_output_directory"] == str(tmp_path / "runs")
+  for base in (str(tmp_path / "abs"), "gs://bucket/runs", ""):
+    assert train.with_absolute_output_dir(["r.yml"], {"base_output_directory": base}) == (
+        ["r.yml"], {"base_output_directory": base})
+  monkeypatch.setenv("M_BASE_OUTPUT_DIRECTORY", "from_env")  # MaxText refuses a key set in both places
+  assert train.with_absolute_output_dir(["r.yml"], {"base_output_directory": "from_env"})[0] == ["r.yml"]
+  assert os.environ["M_BASE_OUTPUT_DIRECTORY"] == str(tmp_path / "from_env")
+
+
+def test_the_run_records_its_config_beside_its_checkpoints(tmp_path, monkeypatch):
+  """What export and eval-quantized read when given no --config: MaxText's config from the record is the
+  run's (absolute data/tokenizer paths, so another working directory reads the same files)."""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.chdir(tmp_path)
+  for name in ("train-00000-of-00001.parquet", "eval-00000-of-00001.parquet"):
+    os.makedirs(tmp_path / "data" / "embedded", exist_ok=True)
+    (tmp_path / "data" / "embedded" / name).write_bytes(b"")
+  args, cfg = train.check_command_line(["demo_nvfp4", "steps=2", "base_num_decoder_layers=3"])
+  args, cfg = train.with_absolute_output_dir(args, cfg)
+  record = train._record_run(args, cfg)  # pylint: disable=protected-access
+  path = tmp_path / "runs" / "demo_nvfp4" / run_record.RECORD
+  assert record == (str(path), True)
+  found = run_record.find(str(tmp_path / "runs" / "demo_nvfp4" / "checkpoints" / "5" / "items"))
+  assert found is not None and found[0] == str(path)
+  assert f"tokenizer_path={tmp_path / 'data' / 'embedded' / 'tokenizer'}" in found[1]
+  monkeypatch.chdir(tmp_path / "runs")  # export runs from anywhere
+  config = checkpoint.load_config(found[1])
+  assert (int(config.num_decoder_layers), int(config.steps), config.run_name) == (3, 2, "demo_nvfp4")
+  assert config.base_output_directory == str(tmp_path / "runs")
+  assert config.grain_train_files == str(tmp_path / "data" / "embedded" / "train-*.parquet")
+  train._unrecord(record)  # pylint: disable=protected-access  (what a config error MaxText finds does)
+  assert not (tmp_path / "runs" / "demo_nvfp4").exists()

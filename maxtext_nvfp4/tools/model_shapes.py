@@ -1,0 +1,134 @@
+"""The checkpoint decides the model's shape: dimensions read from a MaxText checkpoint's own parameter
+shapes (Orbax metadata: no array is read), compared with the config a command was given.
+
+A wrong ``--config`` or override (``base_num_decoder_layers=2`` for a 4-layer run, ``base_num_query_heads=2
+head_dim=64`` for 4x32 heads) would otherwise export or evaluate a different model that happens to fit
+the arrays. :func:`check` refuses every disagreement in one line naming both values.
+
+Dimensions, from the parameters named as MaxText's checkpoint conversion names them (``params-decoder-...``;
+``layers_<i>`` per layer, or ``layers`` with the layer axis at ``param_scan_axis`` when scanned):
+
+  vocab_size, emb_dim        ``token_embedder-embedding``           [vocab, emb]
+  num_decoder_layers         the ``layers_<i>`` count, or the query kernel's scan axis
+  num_query_heads, head_dim  ``self_attention-query-kernel``        [emb, heads, head_dim]
+  num_kv_heads               ``self_attention-key-kernel``          [emb, kv_heads, head_dim]
+  mlp_dim                    ``mlp-wi_0-kernel``                    [emb, mlp]
+  num_experts, moe_mlp_dim   ``MoeBlock_0-gate-kernel`` [emb, experts], ``MoeBlock_0-wi_0`` [experts, emb, mlp]
+  scan_layers                whether the parameters are stacked (``layers``) or per layer (``layers_<i>``)
+
+A dimension whose parameter the checkpoint does not have (another block type) is not compared.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# dimension -> the user-facing key that sets it (MaxText scales base_* by global_parameter_scale)
+CONFIG_KEY = {"vocab_size": "vocab_size", "emb_dim": "base_emb_dim", "num_decoder_layers": "base_num_decoder_layers",
+              "num_query_heads": "base_num_query_heads", "num_kv_heads": "base_num_kv_heads", "head_dim": "head_dim",
+              "mlp_dim": "base_mlp_dim", "num_experts": "num_experts", "moe_mlp_dim": "base_moe_mlp_dim",
+              "scan_layers": "scan_layers"}
+
+
+class ShapeMismatch(ValueError):
+  """The config does not describe the checkpoint (one line: every dimension with both values)."""
+
+
+def parameter_shapes(items_dir: str) -> dict[str, tuple[int, ...]]:
+  """``{"params-decoder-layers_0-...": shape}`` from the checkpoint's metadata (no array is read)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  import logging  # pylint: disable=import-outside-toplevel
+
+  absl_log = logging.getLogger("absl")
+  level = absl_log.level
+  absl_log.setLevel(logging.ERROR)  # Orbax warns "Metadata file does not exist" for MaxText's checkpoints
+  try:
+    meta = ocp.PyTreeCheckpointer().metadata(items_dir)
+  except Exception as e:  # pylint: disable=broad-exception-caught  (Orbax/tensorstore raise many kinds)
+    raise ShapeMismatch(f"checkpoint {items_dir}: cannot read its metadata ({' '.join(str(e).split())[:200]})") from None
+  finally:
+    absl_log.setLevel(level)
+  tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
+  if not isinstance(tree, dict) or "params" not in tree:
+    return {}
+  # the item is MaxText's TrainState: tree["params"] = {"params": {...}}, flattened as read_params names it
+  flat = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
+  return {"-".join(str(getattr(k, "key", k)) for k in path): tuple(int(d) for d in getattr(v, "shape", ()) or ())
+          for path, v in flat}
+
+
+def _drop(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:
+  return shape if axis is None else shape[:axis] + shape[axis + 1:]
+
+
+def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) -> dict[str, Any]:
+  """The model dimensions the parameter ``shapes`` imply (see the module docstring); only those found."""
+  dims: dict[str, Any] = {}
+  emb = shapes.get("params-token_embedder-embedding")
+  if emb is not None and len(emb) == 2:
+    dims["vocab_size"], dims["emb_dim"] = emb
+  per_layer = {int(m.group(1)) for k in shapes for m in [re.match(r"params-decoder-layers_(\d+)-", k)] if m}
+  scanned = any(k.startswith("params-decoder-layers-") for k in shapes)
+  if per_layer and not scanned:
+    dims["scan_layers"] = False
+    dims["num_decoder_layers"] = max(per_layer) + 1
+    prefix, axis = "params-decoder-layers_0-", None
+  elif scanned and not per_layer:
+    dims["scan_layers"] = True
+    prefix, axis = "params-decoder-layers-", param_scan_axis
+  else:
+    return dims
+  q = shapes.get(prefix + "self_attention-query-kernel")
+  if q is not None and len(q) == 3 + (axis is not None):
+    if axis is not None:
+      dims["num_decoder_layers"] = q[axis]
+    _, dims["num_query_heads"], dims["head_dim"] = _drop(q, axis)
+  k = shapes.get(prefix + "self_attention-key-kernel")
+  if k is not None and len(k) == 3 + (axis is not None):
+    dims["num_kv_heads"] = _drop(k, axis)[1]
+  wi = shapes.get(prefix + "mlp-wi_0-kernel")
+  if wi is not None and len(wi) == 2 + (axis is not None):
+    dims["mlp_dim"] = _drop(wi, axis)[1]
+  gate = shapes.get(prefix + "MoeBlock_0-gate-kernel")
+  if gate is not None and len(gate) == 2 + (axis is not None):
+    dims["num_experts"] = _drop(gate, axis)[1]
+  ewi = shapes.get(prefix + "MoeBlock_0-wi_0")
+  if ewi is not None and len(ewi) == 3 + (axis is not None):
+    dims["moe_mlp_dim"] = _drop(ewi, axis)[2]
+  return dims
+
+
+def config_dimensions(config) -> dict[str, Any]:
+  """The same dimensions as MaxText's config object states them."""
+  out = {}
+  for dim in CONFIG_KEY:
+    value = getattr(config, dim, None)
+    if value is not None:
+      out[dim] = bool(value) if dim == "scan_layers" else int(value)
+  return out
+
+
+def mismatches(checkpoint_dims: dict[str, Any], config_dims: dict[str, Any]) -> list[str]:
+  """``["num_query_heads: checkpoint 4, config 2 (base_num_query_heads)", ...]`` for every disagreement."""
+  out = []
+  for dim, have in checkpoint_dims.items():
+    if dim == "num_experts" and int(config_dims.get(dim, 1) or 1) <= 1:
+      out.append(f"num_experts: checkpoint {have} (an MoE model), config {config_dims.get(dim, 1)} (num_experts)")
+    elif dim in config_dims and config_dims[dim] != have:
+      show = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # noqa: E731
+      out.append(f"{dim}: checkpoint {show(have)}, config {show(config_dims[dim])} ({CONFIG_KEY[dim]})")
+  return out
+
+
+def check(items_dir: str, config) -> dict[str, Any]:
+  """The checkpoint's dimensions; :class:`ShapeMismatch` when ``config`` states any of them differently."""
+  dims = dimensions(parameter_shapes(items_dir), param_scan_axis=int(getattr(config, "param_scan_axis", 1) or 1))
+  bad = mismatches(dims, config_dimensions(config))
+  if bad:
+    raise ShapeMismatch(f"checkpoint {items_dir} does not have the config's shape: {'; '.join(bad)}; pass the"
+                        " --config and key=value overrides the run trained with (a run started with maxtext-nvfp4"
+                        " train records them: then give neither)")
+  return dims

@@ -1,0 +1,56 @@
+"""The demo's last screen (``tools/demo_summary.py``) reports compare's numbers for the two arms: the loss
+gap with the verdict, the step-time ratio, the report/plot paths and the next commands."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+
+from maxtext_nvfp4.tools import demo_summary
+
+N = 60
+
+
+def _write(path, losses, times):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    for s, (loss, t) in enumerate(zip(losses, times)):
+      f.write(json.dumps({"step": float(s), "learning/loss": loss, "perf/step_time_seconds": t,
+                          "perf/per_device_tokens": 1024.0, "perf/per_device_tokens_per_sec": 1024.0 / t}) + "\n")
+
+
+def _pair(out, gap):
+  base = [3.0 + 2.0 * math.exp(-s / 10) for s in range(N)]
+  t_base = [5.0 if s < 3 else 0.10 for s in range(N)]
+  t_nv = [5.0 if s < 3 else 0.25 for s in range(N)]
+  _write(os.path.join(out, "bf16", "metrics.jsonl"), base, t_base)
+  _write(os.path.join(out, "nvfp4", "metrics.jsonl"), [b + gap for b in base], t_nv)
+  os.makedirs(os.path.join(out, "compare"))
+  for name in ("report.md", "loss.png", "throughput.png"):
+    open(os.path.join(out, "compare", name), "w").close()
+
+
+def test_summary_states_the_gap_verdict_and_step_time_ratio(tmp_path):
+  out = str(tmp_path / "demo")
+  _pair(out, 0.01)
+  text = demo_summary.summary(out)
+  assert "NVFP4 - BF16 = +0.0100 nats" in text and "verdict    PASS" in text
+  assert f"= {statistics.median([0.25] * 10) / 0.10:.2f}x" in text  # 2.50x
+  assert os.path.join(out, "compare", "report.md") in text and os.path.join(out, "compare", "loss.png") in text
+  assert "maxtext-nvfp4 compare bf16=" in text and "maxtext-nvfp4 export" in text
+
+
+def test_a_gap_over_the_tolerance_is_a_fail_and_merged_metrics_are_preferred(tmp_path):
+  out = str(tmp_path / "demo")
+  _pair(out, 0.2)
+  os.replace(os.path.join(out, "nvfp4", "metrics.jsonl"), os.path.join(out, "nvfp4", "metrics_merged.jsonl"))
+  text = demo_summary.summary(out)
+  assert "+0.2000 nats" in text and "verdict    FAIL" in text and "metrics_merged.jsonl" in text
+
+
+def test_missing_metrics_is_one_line_exit_2(tmp_path, capsys):
+  assert demo_summary.main([str(tmp_path)]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("maxtext-nvfp4 demo summary: error:")
