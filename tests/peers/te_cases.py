@@ -10,12 +10,12 @@ A case is ``(mode, dtype, dist, x)``: ``x`` an fp32 array (on the bf16 grid when
 
 and ``dist`` names how ``x`` was drawn (DISTRIBUTIONS). Shapes are multiples of 16 up to a few hundred,
 non-square, with 1-row (``row`` only) and one-block edge shapes. The RHT mode takes bf16 only (TE's RHT
-kernels take bf16; the reference's fp32 RHT path is a plain fp32 matmul, not a kernel); the ``e4m3_ties``
-cases are fp32 (their block maxima need fp32 precision), half the other ``row`` cases too. The inputs are
+kernels take bf16; the reference's fp32 RHT path is a plain fp32 matmul, not a kernel); half the ``row``
+cases are fp32. The inputs are
 built so that the rounding boundaries are hit exactly: ``e2m1_ties`` puts elements at x * enc = 0.25,
 0.75, 1.25, 1.75, 2.5, 3.5 and 5 exactly (power-of-two scales make enc exact); ``e4m3_ties`` picks block
-maxima with fl(bamax * fl(S_enc / 6)) exactly on the midpoint between two E4M3 values (checked in
-numpy's IEEE fp32), the E4M3 subnormals included.
+maxima with fl(bamax * fl(S_enc / 6)) exactly on the midpoint between two E4M3 values (exact
+power-of-two c in bf16; searched and checked in numpy's IEEE fp32 otherwise), E4M3 subnormals included.
 """
 
 from __future__ import annotations
@@ -47,31 +47,24 @@ def _e4m3_grid():
   return np.unique(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)[:127])
 
 
-def _block_index(shape, mode, rng):
-  """A boolean mask selecting one random block of ``mode`` in an array of ``shape``."""
-  m, n = shape
-  mask = np.zeros(shape, bool)
+def to_blocks(x, mode):
+  """(n_blocks, block_size) copy of x's blocks for ``mode`` (16 elements, or 256 for 2d)."""
+  m, n = x.shape
   if mode == "row":
-    i, j = rng.integers(m), rng.integers(n // 16) * 16
-    mask[i, j:j + 16] = True
-  elif mode == "2d":
-    i, j = rng.integers(m // 16) * 16, rng.integers(n // 16) * 16
-    mask[i:i + 16, j:j + 16] = True
-  else:
-    i, j = rng.integers(m // 16) * 16, rng.integers(n)
-    mask[i:i + 16, j] = True
-  return mask
-
-
-def _blocks(shape, mode):
-  """Index arrays of every block of ``mode``: a list of (rows, cols) fancy-index pairs."""
-  m, n = shape
-  if mode == "row":
-    return [(np.full(16, i), np.arange(j, j + 16)) for i in range(m) for j in range(0, n, 16)]
+    return x.reshape(-1, 16).copy()
   if mode == "2d":
-    return [(np.repeat(np.arange(i, i + 16), 16), np.tile(np.arange(j, j + 16), 16))
-            for i in range(0, m, 16) for j in range(0, n, 16)]
-  return [(np.arange(i, i + 16), np.full(16, j)) for i in range(0, m, 16) for j in range(n)]
+    return x.reshape(m // 16, 16, n // 16, 16).transpose(0, 2, 1, 3).reshape(-1, 256).copy()
+  return x.T.reshape(-1, 16).copy()
+
+
+def from_blocks(b, mode, shape):
+  """Inverse of :func:`to_blocks`."""
+  m, n = shape
+  if mode == "row":
+    return b.reshape(m, n)
+  if mode == "2d":
+    return b.reshape(m // 16, n // 16, 16, 16).transpose(0, 2, 1, 3).reshape(m, n)
+  return b.reshape(n, m).T.copy()
 
 
 def _scale(rng, lo, hi):
@@ -101,12 +94,12 @@ def d_row_spread(rng, shape, mode):
 
 
 def d_zero_blocks(rng, shape, mode):
-  x = d_normal(rng, shape, mode)
-  for _ in range(max(1, x.size // 256)):
-    x[_block_index(shape, mode, rng)] = np.float32(-0.0) if rng.random() < 0.5 else np.float32(0.0)
+  b = to_blocks(d_normal(rng, shape, mode), mode)
+  pick = rng.random(b.shape[0]) < 0.25
+  b[pick] = np.where(rng.random((int(pick.sum()), 1)) < 0.5, np.float32(-0.0), np.float32(0.0))
   if rng.random() < 0.05:
-    x[:] = 0.0
-  return x
+    b[:] = 0.0
+  return from_blocks(b, mode, shape)
 
 
 def d_tiny(rng, shape, mode):
@@ -128,10 +121,9 @@ def d_near_max(rng, shape, mode):
 
 def d_mixed_blocks(rng, shape, mode):
   """Every block at its own scale 2**U(-40, 40) (scale spreads of 80 binades across blocks)."""
-  x = rng.standard_normal(shape).astype(np.float32)
-  for rows, cols in _blocks(shape, mode):
-    x[rows, cols] *= _scale(rng, -40, 40)
-  return x
+  b = to_blocks(rng.standard_normal(shape).astype(np.float32), mode)
+  b *= (np.float32(2.0) ** rng.uniform(-40, 40, size=(b.shape[0], 1))).astype(np.float32)
+  return from_blocks(b, mode, shape)
 
 
 def d_e2m1_ties(rng, shape, mode):
@@ -142,38 +134,48 @@ def d_e2m1_ties(rng, shape, mode):
   element t * e * 2**k lands on x * enc = t.
   """
   k = int(rng.integers(-30, 30))
-  x = np.zeros(shape, np.float32)
-  for rows, cols in _blocks(shape, mode):
-    j = int(rng.integers(-9, 9))  # E4M3 powers of two 2**-9 .. 2**8
-    e = 2.0 ** j
-    t = rng.choice(np.concatenate([E2M1_TIES, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]]), size=len(rows))
-    t = t * rng.choice([-1.0, 1.0], size=len(rows))
-    t[rng.integers(len(rows))] = 6.0 * rng.choice([-1.0, 1.0])  # the block max: s8 = e exactly
-    x[rows, cols] = (t * e * 2.0 ** k).astype(np.float32)
+  b = to_blocks(np.zeros(shape, np.float32), mode)
+  nb, size = b.shape
+  e = 2.0 ** rng.integers(-9, 9, size=(nb, 1))  # E4M3 powers of two 2**-9 .. 2**8
+  t = rng.choice(np.concatenate([E2M1_TIES, [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]]), size=(nb, size))
+  t = t * rng.choice([-1.0, 1.0], size=(nb, size))
+  t[np.arange(nb), rng.integers(size, size=nb)] = 6.0 * rng.choice([-1.0, 1.0], size=nb)  # block max: s8 = e
+  x = from_blocks((t * e * 2.0 ** k).astype(np.float32), mode, shape)
   x.reshape(-1)[rng.integers(x.size)] = np.float32(2688.0 * 2.0 ** k)  # the tensor amax
   return x
 
 
-def d_e4m3_ties(rng, shape, mode):
-  """Block maxima whose scaled value fl(bamax * c), c = fl(S_enc * fl(1/6)), is an E4M3 midpoint."""
+def d_e4m3_ties(rng, shape, mode, exact_c=True):
+  """Block maxima whose scaled value fl(bamax * c), c = fl(S_enc * fl(1/6)), is an E4M3 midpoint.
+
+  ``exact_c``: the tensor amax is 448 * 2**-j, so S_enc = 6 * 2**j and c = 2**j exactly (6 * fl(1/6)
+  rounds to 1), and a block max m * 2**-j (m a midpoint, <= 5 significant bits: bf16-exact) hits m.
+  Otherwise (fp32 input) the amax is random and each block max is searched among fp32 neighbours of
+  fl(m / c) for fl(b * c) == m.
+  """
   grid = _e4m3_grid()
   mids = ((grid[:-1] + grid[1:]) / 2).astype(np.float32)  # (bamax <= amax keeps fl(bamax * c) <= 448)
-  amax = np.float32(_scale(rng, -20, 20))
+  if exact_c:
+    amax = np.float32(448.0 * 2.0 ** -int(rng.integers(-20, 20)))
+  else:
+    amax = np.float32(_scale(rng, -20, 20))
   s_enc = np.minimum(np.float32(2688.0) / amax, np.float32(np.finfo(np.float32).max))
   c = s_enc * (np.float32(1.0) / np.float32(6.0))
-  x = (rng.standard_normal(shape).astype(np.float32) * amax * np.float32(1e-4))
-  for rows, cols in _blocks(shape, mode):
-    m = mids[rng.integers(len(mids))]
-    b = np.float32(m / c)
-    for cand in (b, np.nextafter(b, np.float32(np.inf)), np.nextafter(b, np.float32(0))):
-      if np.float32(cand * c) == m and cand <= amax:
-        b = cand
-        break
-    else:
-      continue  # no fp32 block max hits this midpoint exactly; keep the block as drawn
-    vals = x[rows, cols]
-    vals[rng.integers(len(vals))] = b * rng.choice([np.float32(-1), np.float32(1)])
-    x[rows, cols] = np.clip(vals, -b, b)
+  blocks = to_blocks(rng.standard_normal(shape).astype(np.float32) * amax * np.float32(1e-4), mode)
+  nb, size = blocks.shape
+  m = mids[rng.integers(len(mids), size=nb)]
+  b0 = (m / c).astype(np.float32)
+  found = np.zeros(nb, bool)
+  bmax = np.zeros(nb, np.float32)
+  for cand in (b0, np.nextafter(b0, np.float32(np.inf)), np.nextafter(b0, np.float32(0))):
+    hit = ~found & ((cand * c).astype(np.float32) == m) & (cand <= amax)
+    bmax[hit], found = cand[hit], found | hit
+  # Blocks with no fp32 max hitting their midpoint exactly stay as drawn.
+  rows = np.nonzero(found)[0]
+  blocks[rows] = np.clip(blocks[rows], -bmax[rows, None], bmax[rows, None])
+  sign = rng.choice([np.float32(-1), np.float32(1)], size=len(rows))
+  blocks[rows, rng.integers(size, size=len(rows))] = bmax[rows] * sign
+  x = from_blocks(blocks, mode, shape)
   x.reshape(-1)[rng.integers(x.size)] = amax
   return x
 
@@ -190,17 +192,18 @@ def to_bf16_grid(x):
   return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
-def pick_shapes(rng, n_shapes):
-  """A random subset of SHAPES (the compile count of our side grows with it), always with (16, 16)."""
-  rest = [s for s in SHAPES if s != (16, 16)]
+def pick_shapes(rng, n_shapes, max_elements=None):
+  """A random subset of SHAPES, always with (16, 16): each shape is 4-5 compiles on our side, and the
+  peer's time grows with the elements (TE's ``cast_to_fp4x2`` is 16 masked passes), hence the cap."""
+  rest = [s for s in SHAPES if s != (16, 16) and (max_elements is None or s[0] * s[1] <= max_elements)]
   idx = rng.choice(len(rest), size=min(n_shapes - 1, len(rest)), replace=False)
   return [(16, 16)] + [rest[i] for i in sorted(idx)]
 
 
-def generate(seed: int, n_cases: int, n_shapes: int) -> list[Case]:
+def generate(seed: int, n_cases: int, n_shapes: int, max_elements: int | None = None) -> list[Case]:
   """``n_cases`` cases, round-robin over modes and distributions, shapes from ``pick_shapes``."""
   rng = np.random.default_rng(seed)
-  shapes = pick_shapes(rng, n_shapes)
+  shapes = pick_shapes(rng, n_shapes, max_elements)
   row_only = ROW_ONLY_SHAPES[rng.integers(len(ROW_ONLY_SHAPES))]
   dists = list(DISTRIBUTIONS)
   cases = []
@@ -211,10 +214,12 @@ def generate(seed: int, n_cases: int, n_shapes: int) -> list[Case]:
       shape = row_only
     else:
       shape = shapes[rng.integers(len(shapes))]
-    # fp32 input for half the row cases, and for the E4M3 midpoints (built in fp32; the RHT takes bf16 only).
-    f32 = mode != "rht" and (dist == "e4m3_ties" or (mode == "row" and rng.random() < 0.5))
-    dtype = "f32" if f32 else "bf16"
-    x = DISTRIBUTIONS[dist](rng, shape, mode).astype(np.float32)
+    # fp32 input for half the row cases (each (shape, mode, dtype) is one compile on our side).
+    dtype = "f32" if mode == "row" and rng.random() < 0.5 else "bf16"
+    if dist == "e4m3_ties":
+      x = d_e4m3_ties(rng, shape, mode, exact_c=dtype == "bf16")
+    else:
+      x = DISTRIBUTIONS[dist](rng, shape, mode).astype(np.float32)
     if dtype == "bf16":
       x = to_bf16_grid(np.clip(x, -BF16_MAX, BF16_MAX))
     assert np.all(np.isfinite(x)), dist

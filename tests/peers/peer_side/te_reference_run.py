@@ -16,7 +16,8 @@ when the bf16 RHT depends on the fp32 summation order for some group (forward, r
 
 SR cases (``sr`` true): TE's reference has no stochastic rounding; its ``cast_to_fp4x2`` input (the
 clipped ``x * enc``) is passed first through TE JAX's own SR formula, read from the 2.20.2 wheel's
-``NVFP4Quantizer._apply_stochastic_rounding`` (ast; executed with numpy), with ``rand = 1 - u / 256``.
+``NVFP4Quantizer._apply_stochastic_rounding`` (ast; executed with numpy), with ``rand = 1 - u / 256``
+for given bytes ``u<i>``, or independent uniform numbers from ``rand_seed`` when no bytes are given.
 """
 
 import ast
@@ -140,8 +141,10 @@ def main(cases_path, out_path):
     x = torch.from_numpy(cases[f"x{i}"])
     x = x.bfloat16() if c["dtype"] == "bf16" else x
     if c.get("sr"):
-      u = cases[f"u{i}"].astype(np.float32)
-      rand = (np.float32(1.0) - u / np.float32(256.0)).astype(np.float32)
+      if f"u{i}" in cases:  # our bytes: our SR rounds up iff frac >= 1 - u / 256
+        rand = (np.float32(1.0) - cases[f"u{i}"].astype(np.float32) / np.float32(256.0)).astype(np.float32)
+      else:  # independent uniform bits (the distribution test)
+        rand = np.random.default_rng(c["rand_seed"]).random(c["shape"], dtype=np.float32)
       rand = rand.T.copy() if mode in ("col", "rht") else rand
       rnd = _NumpyRandom(rand)
       # jnp -> numpy: the formula is elementwise; the where/sign/abs names are numpy's too.
