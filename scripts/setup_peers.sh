@@ -12,6 +12,7 @@
 # elsewhere PyPI's Linux build (CUDA, ~2.9 GB; it runs on CPU). PEERS_TORCH overrides the requirement.
 # The main package never imports any of this: the tests talk to .peers/venv/bin/python through files.
 set -euo pipefail
+SELF="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/.."
 PEERS=${PEERS:-.peers}
 TORCH_REQ=${PEERS_TORCH:-torch==2.13.0}
@@ -21,7 +22,7 @@ VLLM_FILE=vllm/model_executor/layers/quantization/utils/nvfp4_emulation_utils.py
 REQS=(transformers==5.24.0 nvidia-modelopt==0.47.0 requests compressed-tensors==0.20.1 safetensors numpy)
 
 stamp="$PEERS/.built"
-want=$( (cat "$0"; echo "$TORCH_REQ") | sha256sum | cut -c1-16)
+want=$( (cat "$SELF"; echo "$TORCH_REQ") | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
   echo "[peers] up to date ($PEERS, $(du -sh "$PEERS" | cut -f1)); delete $PEERS to rebuild"
   exit 0
