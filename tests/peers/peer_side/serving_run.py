@@ -64,6 +64,8 @@ def main(export_dir, family, trained_path, tokens_path, out_path):
 
   config = json.loads((export_dir / "config.json").read_text())
   config.pop("quantization_config", None)
+  # Built in fp32 (the config says bf16): nothing of the model, buffers included, in a lower precision.
+  config["torch_dtype"] = config["dtype"] = "float32"
   assert config["architectures"] == [cls_name], (config["architectures"], cls_name)
   hf_config = transformers.AutoConfig.for_model(**config)
   hf_config._attn_implementation = "eager"  # pylint: disable=protected-access
