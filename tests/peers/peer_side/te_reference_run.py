@@ -11,7 +11,8 @@ computed exactly (``xdata/xscale/xamax<i>``: TE's quantizer with ``_apply_rht`` 
 matmul rounded to fp32 then bf16 -- the fp32-accumulated sum, correctly rounded), and two flags about
 torch's own bf16 CPU matmul: ``rht_exact<i>`` (it equals the exact RHT) and ``rht_flush<i>`` (it equals
 the exact RHT of the input with fp32-subnormal inputs and outputs flushed to zero). ``order<i>`` is True
-when the bf16 RHT depends on the fp32 summation order for some group (forward, reverse, pairwise).
+when the bf16 RHT depends on the fp32 summation order for some group (forward, reverse, pairwise, or
+an fp32 overflow of a partial sum that some order meets: torch's CPU matmul met one near bf16's max).
 ``neg0<i>`` / ``xneg0<i>`` mark the RHT outputs (native / exact) that are -0.0.
 
 SR cases (``sr`` true): TE's reference has no stochastic rounding; its ``cast_to_fp4x2`` input (the
@@ -54,7 +55,8 @@ def flushed_rht(xt):
 
 
 def order_sensitive(xt):
-  """True when bf16(fp32 sum) of some 16-group differs between forward, reverse and pairwise order."""
+  """True when bf16(fp32 sum) of some 16-group differs between forward, reverse and pairwise order, or
+  when some order can overflow fp32 in a partial sum (its same-sign terms alone exceed FLT_MAX)."""
   p = xt.float().reshape(-1, 16, 1) * rht_matrix().reshape(1, 16, 16)  # exact products
   fwd = p[:, 0]
   for r in range(1, 16):
@@ -67,7 +69,10 @@ def order_sensitive(xt):
     pw = pw[:, 0::2] + pw[:, 1::2]
   pw = pw[:, 0]
   outs = [v.bfloat16().float() for v in (fwd, rev, pw)]
-  return not (torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]))
+  # Some order overflows fp32 in a partial sum (all same-sign terms first) where another does not.
+  big = float(np.finfo(np.float32).max)
+  overflow = bool((p.double().clamp(min=0).sum(1) > big).any() or (p.double().clamp(max=0).sum(1) < -big).any())
+  return overflow or not (torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2]))
 
 
 def _negative_zero(v):
