@@ -31,6 +31,7 @@ def _restore_jax_prng_impl():
 # so starting the longest ones first keeps both workers busy to the end instead of one long file running
 # alone at the tail (longest-processing-time-first scheduling). Order only: every test still runs.
 _HEAVY_FIRST = (
+    "test_serving_oracles.py", "test_te_reference_oracle.py",  # the peers stage's two long files
     "test_reliability_checkpoint.py", "test_recipes.py", "test_moe_sparse.py",
     "test_gemm_sharding.py", "test_model_families.py", "test_gemm.py", "test_export.py", "test_patching.py",
     "test_diagnostics.py", "test_reproduce.py", "test_reliability_nonfinite.py", "test_moe.py",
