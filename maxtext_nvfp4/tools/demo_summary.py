@@ -7,8 +7,8 @@ loader and comparison (so the numbers are the report's), and prints:
 
   * the loss gap: mean (NVFP4 - BF16) training loss over the converged steps, in nats and relative to
     BF16, the final and eval losses, and the verdict against the tolerance;
-  * the step-time ratio: median NVFP4 step time / median BF16 step time (the emulation costs time on a
-    CPU; the speed-up needs Blackwell's FP4 tensor cores);
+  * the step-time ratio: median NVFP4 step time / median BF16 step time (the NVFP4 arm is emulated on a
+    CPU: not Blackwell's FP4 speed-up; the arms run one after the other, so other load moves it);
   * where the report and the plots are, and the next commands (compare, train with checkpoints, export).
 
 Exit code: 0 when it printed, 2 (one line) when a metrics file is missing or unreadable.
@@ -50,8 +50,9 @@ def summary(out: str, *, tolerance: float = 0.03) -> str:
   lines.append(f"verdict    {nv.verdict} (tolerance {tolerance:g} nats; overall: {c.verdict})")
   t_nv, t_b = nv.throughput.median_step_time, base.throughput.median_step_time
   if t_nv and t_b:
-    lines.append(f"step time  NVFP4 {t_nv:.3f} s / BF16 {t_b:.3f} s = {t_nv / t_b:.2f}x (median; the NVFP4 arm is"
-                 " emulated here, exact but slower; the speed-up needs Blackwell FP4 tensor cores)")
+    lines.append(f"step time  NVFP4 {t_nv:.3f} s / BF16 {t_b:.3f} s = {t_nv / t_b:.2f}x (medians; the NVFP4 arm is"
+                 " emulated here (exact, no FP4 hardware), so this is not Blackwell's speed-up; other load on the"
+                 " machine moves it)")
   cmp_dir = os.path.join(out, "compare")
   lines.append(f"report     {os.path.join(cmp_dir, 'report.md')}")
   plots = [os.path.join(cmp_dir, p) for p in ("loss.png", "throughput.png") if os.path.isfile(os.path.join(cmp_dir, p))]
