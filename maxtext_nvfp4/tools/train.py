@@ -256,11 +256,10 @@ def moe_error(cfg: dict) -> str | None:
   from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
 
   try:
-    from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel
+    from maxtext_nvfp4.integration import moe_refusals  # pylint: disable=import-outside-toplevel
 
-    check_model = getattr(quantization, "check_model")
     ns = types.SimpleNamespace(**{**cfg, "num_decoder_layers": int(cfg.get("base_num_decoder_layers", 0))})
-    check_model(ns, settings.from_config(ns), "emulate", num_devices=None)
+    moe_refusals.check_model(ns, settings.from_config(ns), "emulate", num_devices=None)
   except settings.SettingsError as e:
     return " ".join(str(e).split())
   except Exception:  # pylint: disable=broad-exception-caught  (not decidable from the keys: MaxText will say)
