@@ -1,4 +1,4 @@
-"""The fake TE of tests/test_te_backend.py checked against the real TE 2.20.2 Python API (ast, no import).
+"""The fake TE of tests/backends/test_te_backend.py checked against the real TE 2.20.2 Python API (ast, no import).
 
 ``SURFACE`` lists every TE name that the fake provides and our TE backend calls
 (``backends/te.py``, ``integration/te_quantization.py``, ``backends/te_check.py``), with the parameters,
@@ -20,7 +20,7 @@ import pytest
 import peer_support
 
 TE_ROOT = peer_support.PEERS / "te"
-FAKE = pathlib.Path(__file__).resolve().parents[1] / "test_te_backend.py"
+FAKE = pathlib.Path(__file__).resolve().parents[1] / "backends" / "test_te_backend.py"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,7 +215,7 @@ def test_every_name_the_fake_and_our_backend_use_exists_in_te_2_20_2():
   assert missing_in_te(TE_ROOT) == []
 
 
-# ---- the fake's surface (parsed from tests/test_te_backend.py) ---------------------------------
+# ---- the fake's surface (parsed from tests/backends/test_te_backend.py) ---------------------------------
 def fake_surface():
   """(names assigned on the fake's modules/namespaces, {fake function: its parameters})."""
   tree = ast.parse(FAKE.read_text())
