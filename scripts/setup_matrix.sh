@@ -50,4 +50,4 @@ EOF
   "$VENV/bin/python" -m pip install -q --no-compile --no-deps -e .
   echo "$want" > "$stamp"
 fi
-"$VENV/bin/python" -c 'import maxtext_nvfp4, jax; from importlib import metadata; print("[setup-matrix] ok: maxtext", metadata.version("maxtext"), "jax", jax.__version__)'
+"$VENV/bin/python" -c 'import maxtext_nvfp4; from importlib import metadata as m; print("[setup-matrix] ok: maxtext", m.version("maxtext"), "jax", m.version("jax"), "jaxlib", m.version("jaxlib"))'
