@@ -61,6 +61,7 @@ def _report():
   print("BENCH_HOST_MAXRSS_KB=%d" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 atexit.register(_report)
 import maxtext_nvfp4
+maxtext_nvfp4.register()
 mod = "maxtext_nvfp4.train" if importlib.util.find_spec("maxtext_nvfp4.train") else None
 if mod is None:
   # The plugin's entry point is not there yet: MaxText's trainer with the plugin registered is the same.

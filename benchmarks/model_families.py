@@ -54,10 +54,11 @@ FAMILIES = {
 _CHILD = r"""
 import sys, json
 import maxtext_nvfp4
+maxtext_nvfp4.register()
 from maxtext.trainers.pre_train import train
-from maxtext_nvfp4.integration import quantization
+from maxtext_nvfp4.integration import traced
 train.main(json.loads(sys.argv[1]))
-traced = sorted({(l if l is not None else -1, r, "/".join(b)) for l, r, b, _ in quantization.traced_gemms()})
+traced = sorted({(l if l is not None else -1, r, "/".join(b)) for l, r, b, _ in traced.traced_gemms()})
 print("TRACED_GEMMS " + json.dumps(traced))
 """
 

@@ -1,9 +1,12 @@
 """maxtext-nvfp4: NVFP4 training mode for MaxText.
 
-Importing the package registers the MaxText plugin (:func:`register`): MaxText then accepts
-``quantization: nvfp4`` and the ``nvfp4_*`` keys. Registration is lazy and cheap: it installs an import
-hook and patches MaxText's config/quantization/train modules only when (or if already) they are imported,
-so ``import maxtext_nvfp4`` itself imports neither JAX nor MaxText.
+Importing the package (or any ``maxtext_nvfp4.core`` module) changes nothing: :func:`register` makes
+MaxText accept ``quantization: nvfp4`` and the ``nvfp4_*`` keys. The entry points call it (the train CLI,
+``python -m maxtext_nvfp4.train``, the patch series' ``maxtext_plugin.make_quantization``, the tools that
+run MaxText in-process); code running MaxText itself calls ``maxtext_nvfp4.register()`` first.
+Registration is cheap: it picks the installed MaxText's adapter (an unsupported version fails here, in
+one line), installs an import hook and patches MaxText's modules only when (or if already) they are
+imported, so neither importing the package nor registering imports JAX or MaxText.
 
 The public API (each name is loaded on first use, from the module named):
 
@@ -17,7 +20,7 @@ name                   module                                          what
 ``GemmRecipe``         :mod:`maxtext_nvfp4.core.gemm`                  per-pass precisions and toggles
 ``Nvfp4Settings``      :mod:`maxtext_nvfp4.core.settings`              the ``nvfp4_*`` keys
 ``precision_table``    :mod:`maxtext_nvfp4.core.plan`                  which GEMM runs in which precision
-``make_quantization``  :mod:`maxtext_nvfp4.integration.quantization`   MaxText's quantization object
+``make_quantization``  :mod:`maxtext_nvfp4.maxtext_plugin`            MaxText's quantization object
 =====================  ==============================================  =================================
 """
 
@@ -33,7 +36,7 @@ _PUBLIC = {
     "GemmRecipe": "maxtext_nvfp4.core.gemm",
     "Nvfp4Settings": "maxtext_nvfp4.core.settings",
     "precision_table": "maxtext_nvfp4.core.plan",
-    "make_quantization": "maxtext_nvfp4.integration.quantization",
+    "make_quantization": "maxtext_nvfp4.maxtext_plugin",
 }
 __all__ = ["__version__", "register", *_PUBLIC]
 
@@ -49,6 +52,3 @@ def register() -> None:
   from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
 
   plugin.register()
-
-
-register()

@@ -9,7 +9,7 @@ in settings.py, then commit the regenerated patches.
 "not applied"; ``pip download --no-deps maxtext==0.2.5`` and unzip the wheel if yours is patched). The
 script copies the touched files into a scratch git repo (``src/maxtext`` layout), makes one commit per
 concern with a fixed author and date, and runs ``git format-patch --zero-commit --no-signature``, so the
-output is reproducible; ``tests/test_patching.py`` fails when the committed series differs from a
+output is reproducible; ``tests/tools/test_patching.py`` fails when the committed series differs from a
 regeneration. The config hunks are rendered from settings.py, so MaxText's schema and ``base.yml`` keys
 cannot drift from the plugin's. Needs ``git``.
 """
@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 from maxtext_nvfp4.core import settings
+from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.tools import patching
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def render_schema_class() -> str:
       "class Nvfp4Quantization(BaseModel):",
       '  """NVFP4 training (`quantization=nvfp4`), implemented by the maxtext_nvfp4 package.',
       "",
-      "  Defaults follow Transformer Engine's NVFP4BlockScaling recipe; maxtext_nvfp4.settings documents each key.",
+      "  Defaults follow Transformer Engine's NVFP4BlockScaling recipe; maxtext_nvfp4.core.settings documents each key.",
       '  """',
       "",
   ]
@@ -139,7 +140,7 @@ _COMMITS = (
         "validates from YAML and key=value overrides. nvfp4 is not an AQT mode, so\n"
         "it is exempt from the AQT deprecation warning.\n"
         "\n"
-        "The keys, defaults and allowed values mirror maxtext_nvfp4.settings, the\n"
+        "The keys, defaults and allowed values mirror maxtext_nvfp4.core.settings, the\n"
         "single source of truth; this patch is generated from it.",
     ),
     (
@@ -190,8 +191,9 @@ def build_series(pristine_pkg: str | os.PathLike, out_dir: str | os.PathLike) ->
 
     # 1. configs: enum member, schema section, MaxTextConfig mixin, no AQT warning; base.yml keys.
     t = (src / "configs/types.py").read_text(encoding="utf-8")
-    t = _edit(t, '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n',
-              '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n  NVFP4 = "nvfp4"\n')
+    version = patching.maxtext_version(pristine_pkg) or "unknown"
+    anchors = maxtext_versions.select(version).patch_anchors  # the pristine files' anchors, per MaxText version
+    t = _edit(t, anchors["quantization_enum_last"], anchors["quantization_enum_last"] + '  NVFP4 = "nvfp4"\n')
     t = _edit(t, "\n\nclass ModelArchitecture(BaseModel):",
               "\n\n" + render_schema_class() + "\n\nclass ModelArchitecture(BaseModel):")
     t = _edit(t, "    Quantization,\n    # Core Model Architecture\n",
@@ -200,9 +202,9 @@ def build_series(pristine_pkg: str | os.PathLike, out_dir: str | os.PathLike) ->
               '          "fp8",\n          "nanoo_fp8",\n          "nvfp4",\n      ) and not self.quantization.startswith("te_"):')
     (src / "configs/types.py").write_text(t, encoding="utf-8")
     b = (src / "configs/base.yml").read_text(encoding="utf-8")
-    b = _edit(b, "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n",
-              "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n"
-              "# 'nvfp4' for NVFP4 training (maxtext_nvfp4 package; see the nvfp4_* keys below).\n")
+    b = _edit(b, anchors["base_yml_quantization_comment"],
+              anchors["base_yml_quantization_comment"]
+              + "# 'nvfp4' for NVFP4 training (maxtext_nvfp4 package; see the nvfp4_* keys below).\n")
     b = _edit(b, 'te_comm_gemm_overlap: "disabled"\n', 'te_comm_gemm_overlap: "disabled"\n\n' + render_base_yml_block())
     (src / "configs/base.yml").write_text(b, encoding="utf-8")
     git("commit", "-q", "-a", "-m", _COMMITS[0][0] + "\n\n" + _COMMITS[0][1])

@@ -7,6 +7,11 @@ import os
 
 import maxtext  # the package only (cheap); MaxText internals are imported by the code under test
 
+import maxtext_nvfp4
+
+# The tests run MaxText in-process: register the plugin (importing the package registers nothing).
+maxtext_nvfp4.register()
+
 MAXTEXT_DIR = os.path.dirname(maxtext.__file__)
 BASE_YML = os.path.join(MAXTEXT_DIR, "configs", "base.yml")
 TOKENIZER = os.path.join(MAXTEXT_DIR, "assets", "tokenizers", "tokenizer.llama2")

@@ -36,11 +36,9 @@ from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import te_limits
 
 PRECISIONS = settings.PRECISIONS
-# The rng stream TE JAX's NVFP4 quantizer asks its Flax module for.
+# The rng stream TE JAX's NVFP4 quantizer asks its Flax module for. (The MaxText stream it is served
+# from is a fact of the MaxText version: the adapter's ``te_sr_source_stream``.)
 TE_SR_RNG_STREAM = "sr_rng"
-# The MaxText rng stream we serve it from: ``maxtext_utils_nnx.create_nnx_rngs`` builds
-# ``nnx.Rngs(params, dropout, aqt)`` in train mode; ``aqt`` exists for quantization randomness.
-SR_RNG_SOURCE_STREAM = "aqt"
 
 
 def recipe_kwargs(settings) -> dict[str, bool]:
@@ -75,14 +73,14 @@ def check_te_settings(settings) -> None:
     )
 
 
-def check_te_shapes(config, settings) -> None:
+def check_te_shapes(config, settings, *, layout=None) -> None:
   """Raise :class:`BackendError` (one line) when TE would refuse a decoder NVFP4 GEMM of ``config``.
 
   The limits (block axes, cuBLAS contraction, RHT cast fusion) are :mod:`maxtext_nvfp4.core.te_limits`;
   they are decided from the config alone, so this runs before any device check. The line names layer,
   role, pass, dimension, size and the rule of the first refusal and how many more there are.
   """
-  refs = te_limits.check(config, settings)
+  refs = te_limits.check(config, settings, layout=layout)
   if refs:
     more = f" (and {len(refs) - 1} more: maxtext-nvfp4 doctor --recipe lists them)" if len(refs) > 1 else ""
     raise BackendError(
@@ -94,8 +92,8 @@ def check_te_shapes(config, settings) -> None:
 def rng_streams_needed(settings) -> tuple[str, ...]:
   """Rng streams TE's modules draw at apply time: ``("sr_rng",)`` when stochastic rounding is on.
 
-  What the MaxText plugin must do to supply ``sr_rng`` inside MaxText 0.2.5's train step (checked in
-  the 0.2.5 sources; the TE side was read, not run):
+  What the MaxText plugin must do to supply ``sr_rng`` inside MaxText's train step (checked in the
+  sources of the MaxText version the adapter names; the TE side was read, not run):
 
   * Keep ``needs_apply_rngs`` True whenever this returns a non-empty tuple (the quantization object
     from :func:`make_te_quantization` does this itself). ``DenseGeneral.__init__`` (linears.py:350)

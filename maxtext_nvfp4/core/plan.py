@@ -21,7 +21,7 @@ With ``scan_layers=true`` the layer index is unknown (``layer=None``): keep-firs
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from maxtext_nvfp4.core import settings as settings_lib
 
@@ -190,46 +190,26 @@ def format_precision_table(rows: list[PrecisionRow], *, switch_step: int | None 
 # Which GEMM is being built: (layer, role) from the order of MaxText's projection constructions
 # ---------------------------------------------------------------------------------------------------
 
-# kernel axes of a decoder projection -> the roles sharing that signature inside one layer, in
-# construction order (MaxText 0.2.5 ``layers/attentions.py`` and ``layers/linears.py``: Attention builds
-# query, key, value, out; MlpBlock builds wi_0, wi_1, wo; ``layers/attention_mla.py`` builds wq_a, wq_b
-# (or query), wkv_a, wkv_b; ``layers/moe.py``: GateLogit is built with the router's axes (each decoder
-# block passes ("embed", None); RoutedAndSharedMoE ("embed_router", None)) and RoutedMoE asks for one
-# einsum per expert linear with the expert kernel's axes at call time: ("exp", "embed_moe", "mlp_moe") /
-# ("exp", "mlp_moe", "embed_moe") without capacity, ("exp", None, "mlp") / ("exp", "mlp", None) with
-# capacity_factor > 0). ("embed", "mlp") is resolved per config.
-SIGNATURES = {
-    ("embed_attn", "q_heads", "kv"): ("query",),
-    ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
-    ("embed_attn", "heads", "kv"): ("qkv_proj",),
-    ("embed_attn", "qkv", "heads", "kv"): ("qkv_proj",),  # fused_qkv (gpt3): one tensor for q, k and v
-    ("embed_attn", "q_lora_up_proj"): ("q_a",),
-    ("q_lora", "q_heads", "kv"): ("q_b",),
-    ("embed_attn", "kv_lora_up_proj"): ("kv_a",),
-    ("kv_lora", "kv_heads", "kv_head_dim"): ("kv_b",),
-    ("heads", "kv", "embed_attn"): ("out",),
-    ("embed", "num_activations", "mlp"): ("wi",),
-    ("mlp", "embed"): ("wo",),
-    ("embed", None): ("router",),
-    ("embed_router", None): ("router",),
-    ("exp", "embed_moe", "mlp_moe"): ("expert_wi_0", "expert_wi_1"),
-    ("exp", "mlp_moe", "embed_moe"): ("expert_wo",),
-    ("exp", None, "mlp"): ("expert_wi_0", "expert_wi_1"),
-    ("exp", "mlp", None): ("expert_wo",),
-}
+# Which roles share a kernel-axes signature, and in which order MaxText builds them, is a fact of the
+# MaxText version: the integration layer's adapter (``MaxTextVersion.kernel_signatures``) passes it in.
 
 
-def signature_roles(mesh_axes, num_activations: int) -> tuple[str, ...]:
-  """The roles built with kernel axes ``mesh_axes`` inside one decoder layer, in construction order."""
+def signature_roles(mesh_axes, num_activations: int, signatures: Mapping[tuple, tuple[str, ...]],
+                    up_projection_axes: tuple = ("embed", "mlp")) -> tuple[str, ...]:
+  """The roles built with kernel axes ``mesh_axes`` inside one decoder layer, in construction order.
+
+  ``signatures``: kernel axes -> roles (the MaxText version's); ``up_projection_axes``: the dense
+  up-projections' axes, shared by wi_0..wi_{n-1} (one ``wi`` with a single activation).
+  """
   axes = tuple(mesh_axes)
-  if axes == ("embed", "mlp"):
+  if axes == tuple(up_projection_axes):
     return ("wi",) if num_activations == 1 else tuple(f"wi_{i}" for i in range(num_activations))
-  if axes in SIGNATURES:
-    return SIGNATURES[axes]
+  if axes in signatures:
+    return tuple(signatures[axes])
   raise settings_lib.SettingsError(
       f"quantization=nvfp4 cannot identify the decoder projection with kernel axes {axes!r} (supported: the"
       " query/key/value/qkv_proj/out, MLA q_a/q_b/kv_a/kv_b, MLP wi/wo, MoE router and expert projections"
-      " listed in maxtext_nvfp4.core.plan.SIGNATURES; ici_context_autoregressive_parallelism=1)")
+      " listed in the MaxText adapter's kernel_signatures; ici_context_autoregressive_parallelism=1)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -255,12 +235,16 @@ class GemmLocator:
   scan_layers: bool = False
   # the decoder layers with routed experts, in order (None: every layer)
   moe_layers: tuple[int, ...] | None = None
+  # kernel axes -> roles sharing them, in build order (the MaxText adapter's kernel_signatures)
+  signatures: Mapping[tuple, tuple[str, ...]] = dataclasses.field(hash=False)
+  # the dense up-projections' kernel axes (the adapter's up_projection_axes)
+  up_projection_axes: tuple = ("embed", "mlp")
   # calls so far per kernel-axes signature
   counts: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
   def locate(self, mesh_axes) -> tuple[int | None, str]:
     """(layer, role) of the next projection built with ``mesh_axes`` (advances the counter)."""
-    roles = signature_roles(mesh_axes, self.num_activations)
+    roles = signature_roles(mesh_axes, self.num_activations, self.signatures, self.up_projection_axes)
     sig = tuple(mesh_axes)
     k = self.counts.get(sig, 0)
     self.counts[sig] = k + 1

@@ -24,7 +24,11 @@ bfloat16, rows % 64 and cols % 128 of the 2D-flattened input, rows = tokens) and
 rule checked again in C++). TE quantizes x once, row- and column-wise, so the RHT rule on x applies
 whenever its wgrad is NVFP4 with RHT on.
 
-Shapes come from the model config (Llama-style decoder, the roles of :mod:`plan`):
+Shapes come from the model's :class:`~maxtext_nvfp4.core.layout.ModelLayout` (the roles of each layer;
+MLA: ``q_a`` K = emb, N = q_lora_rank; ``q_b``/MLA ``query`` N = heads * (qk_nope + qk_rope); ``kv_a`` N =
+kv_lora_rank + qk_rope; ``kv_b`` K = kv_lora_rank, N = heads * (qk_nope + v_head); ``out`` K = heads *
+v_head; shared experts' ``wi*``/``wo`` use shared_experts * moe_mlp_dim; the router and routed experts never
+run on TE). Dense:
 ``query/key/value/qkv_proj``: K = emb, N = heads * head_dim; ``out``: K = q_heads * head_dim, N = emb;
 ``wi*``: K = emb, N = mlp; ``wo``: K = mlp, N = emb; M = per_device_batch_size * max_target_length.
 Under tensor parallelism (``ici_tensor_parallelism`` t) the heads and mlp axes are split t ways
@@ -34,8 +38,9 @@ Under tensor parallelism (``ici_tensor_parallelism`` t) the heads and mlp axes a
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
+from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
 
@@ -135,11 +140,6 @@ def refusals(g: GemmDims, *, rht: bool, two_d_weights: bool) -> list[Refusal]:
   return out
 
 
-def _getter(cfg):
-  get = cfg.get if isinstance(cfg, Mapping) else (lambda k, d=None: getattr(cfg, k, d))
-  return lambda *keys, default=None: next((get(k) for k in keys if get(k) is not None), default)
-
-
 def _layer_ranges(layers: list[int]) -> str:
   parts, start = [], None
   for i, l in enumerate(layers):
@@ -151,53 +151,69 @@ def _layer_ranges(layers: list[int]) -> str:
   return ("layer " if len(layers) == 1 else "layers ") + ",".join(parts)
 
 
-def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None) -> list[GemmDims]:
+def _kn(layout: layout_lib.ModelLayout, layer: int | None, role: str) -> tuple[int, int] | None:
+  """(K, N) per device of ``role`` in ``layer``, or None for a GEMM TE never runs here (router: always
+  bf16; routed experts: TE JAX has no NVFP4 grouped GEMM, the MoE refusal keeps them off TE)."""
+  d, tp = layout.dims, layout.tensor_parallel
+  assert d is not None
+  if role in ("router",) or role.startswith("expert_"):
+    return None
+  emb = d.emb
+  if layout.mla:
+    qk = d.qk_nope_head_dim + d.qk_rope_head_dim
+    mla = {"query": (emb, d.q_heads * qk // tp), "q_a": (emb, d.q_lora_rank),
+           "q_b": (d.q_lora_rank, d.q_heads * qk // tp), "kv_a": (emb, d.kv_lora_rank + d.qk_rope_head_dim),
+           "kv_b": (d.kv_lora_rank, d.q_heads * (d.qk_nope_head_dim + d.v_head_dim) // tp),
+           "out": (d.q_heads * d.v_head_dim // tp, emb)}
+    if role in mla:
+      return mla[role]
+  q, kv = d.q_heads * d.head_dim // tp, d.kv_heads * d.head_dim // tp
+  mlp = layout.mlp_dim(layer) // tp
+  kn = {"query": (emb, q), "key": (emb, kv), "value": (emb, kv), "qkv_proj": (emb, q + 2 * kv), "out": (q, emb),
+        "wi": (emb, mlp * (layout.num_activations if layout.fused_mlp else 1)), "wo": (mlp, emb)}
+  return kn["wi" if role.startswith("wi") else role]
+
+
+def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
+                  layout: layout_lib.ModelLayout | None = None) -> list[GemmDims]:
   """The decoder projections of a MaxText config (object or mapping of keys) that have an NVFP4 pass.
 
+  ``layout``: the config's :class:`~maxtext_nvfp4.core.layout.ModelLayout` (the integration layer builds
+  it with the MaxText version's MoE layer rules); without it every layer of an MoE config counts as MoE.
   Empty when ``cfg`` does not give the model's dimensions.
   """
-  get = _getter(cfg)
   s = s or settings_lib.from_config(cfg)
-  tp = max(int(get("ici_tensor_parallelism", default=1) or 1), 1) * max(int(get("dcn_tensor_parallelism", default=1) or 1), 1)
-  model = (get("emb_dim", "base_emb_dim"), get("mlp_dim", "base_mlp_dim"), get("num_query_heads", "base_num_query_heads"),
-           get("num_kv_heads", "base_num_kv_heads"), get("head_dim"))
-  if None in model:
+  layout = layout or layout_lib.from_config(cfg, moe_layer_rules={})
+  if layout.dims is None:
     return []  # not a model config (e.g. a recipe fragment without base_config): nothing to decide
-  emb, mlp, q_heads, kv_heads, head_dim = (int(v) for v in model)
-  mlp //= tp
-  q, kv = q_heads * head_dim // tp, kv_heads * head_dim // tp
-  acts = get("mlp_activations", default=("silu", "linear"))
-  fused_mlp = bool(get("fused_mlp", default=False))
-  kn = {"query": (emb, q), "key": (emb, kv), "value": (emb, kv), "qkv_proj": (emb, q + 2 * kv), "out": (q, emb),
-        "wi": (emb, mlp * (len(acts) if fused_mlp else 1)), "wo": (mlp, emb)}
-  tokens = int(float(get("per_device_batch_size", default=1)) * int(get("max_target_length", default=1)))
-  dtype = get("dtype", default="bfloat16")
-  dtype = getattr(dtype, "value", dtype)  # MaxText's config: an enum member (name BFLOAT16) or a jnp type
-  dtype = str(getattr(dtype, "__name__", None) or getattr(dtype, "name", None) or dtype).lower()
-  num_layers = int(get("num_decoder_layers", "base_num_decoder_layers", default=1))
-  scanned = bool(get("scan_layers", default=True))
-  roles = plan_lib.decoder_roles(num_activations=len(acts), fused_mlp=fused_mlp,
-                                 fused_qkv=bool(get("fused_qkv", default=False)))
+  roles: list[str] = []
+  for layer in layout.layers():
+    roles += [r for r in layout.roles(layer) if r not in roles]
   out = []
   for role in roles:
-    by_passes: dict[tuple[str, ...], list[int]] = {}
-    for layer in ([None] if scanned else range(num_layers)):
-      before, after = plan_lib.precisions(s, layer=layer, role=role, num_layers=num_layers)
+    by_shape: dict[tuple, list[int | None]] = {}
+    for layer in layout.layers():
+      kn = _kn(layout, layer, role) if role in layout.roles(layer) else None
+      if kn is None:
+        continue
+      before, after = plan_lib.precisions(s, layer=layer, role=role, num_layers=layout.num_layers)
       passes = tuple(p for p in plan_lib.PASSES
                      if "nvfp4" in {getattr(before, p), getattr(after or before, p)})
       if passes:
-        by_passes.setdefault(passes, []).append(layer)
-    for passes, layers in by_passes.items():
-      k, n = kn["wi" if role.startswith("wi") else role]
+        by_shape.setdefault((passes, kn), []).append(layer)
+    for (passes, (k, n)), layers in by_shape.items():
       text = "every layer" if layers == [None] else _layer_ranges(layers)
-      out.append(GemmDims(layers=text, role=role, tokens=tokens, k=k, n=n, dtype=dtype, nvfp4_passes=passes))
+      out.append(GemmDims(layers=text, role=role, tokens=layout.tokens_per_device, k=k, n=n, dtype=layout.dtype,
+                          nvfp4_passes=passes))
   return out
 
 
-def check(cfg, s: settings_lib.Nvfp4Settings | None = None) -> list[Refusal]:
+def check(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
+          layout: layout_lib.ModelLayout | None = None) -> list[Refusal]:
   """Every TE refusal of the decoder NVFP4 GEMMs of ``cfg`` (empty: TE runs every one of them)."""
   s = s or settings_lib.from_config(cfg)
-  return [r for g in decoder_gemms(cfg, s) for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
+  return [r for g in decoder_gemms(cfg, s, layout=layout)
+          for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
 
 
 def summary(refs: list[Refusal]) -> str:

@@ -56,7 +56,7 @@ class HfModel:
 
 
 def _maxtext(module_name: str):
-  """Import a MaxText module and check it has every symbol of :data:`touchpoints.TOUCHES` we use."""
+  """Import a MaxText module and check it has every symbol of the adapter's ``touches`` we use."""
   import importlib  # pylint: disable=import-outside-toplevel
 
   module = importlib.import_module(module_name)
@@ -88,7 +88,7 @@ def load_config(config_args: list[str]) -> Any:
   plugin registered so ``nvfp4_*`` keys are understood. Raises :class:`CheckpointError` (one line)."""
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
 
   maxtext_nvfp4.register()
   args = list(config_args)
@@ -101,7 +101,7 @@ def load_config(config_args: list[str]) -> Any:
   try:
     return pyconfig.initialize(argv)
   except Exception as e:  # pylint: disable=broad-exception-caught  (MaxText raises many kinds)
-    one = plugin._one_line_error(e)  # pylint: disable=protected-access
+    one = config_errors.one_line_error(e)
     raise CheckpointError(f"config {' '.join(args)}: {' '.join(str(one or e).split())}") from None
 
 
@@ -169,25 +169,28 @@ def _hf_config(config, vocab: int, emb: int, mlp: int) -> dict[str, Any]:
 
 
 def _without_adjust_rope(chain):
-  """MaxText's hook chain minus ``adjust_rope`` (see the module docstring)."""
+  """MaxText's hook chain minus ``adjust_rope`` (the adapter's ``llama_conversion_hooks_dropped``; see the
+  module docstring)."""
+  facts = touchpoints.adapter()
   chain = chain if isinstance(chain, list) else [chain]
-  known = {"scale_query_layer", "adjust_rope", "reshape_kernel"}
-  if any(fn.__name__ not in known for fn in chain):
+  if any(fn.__name__ not in facts.llama_conversion_hooks for fn in chain):
     raise CheckpointError(f"MaxText's Llama conversion hooks changed ({[fn.__name__ for fn in chain]}): the export"
-                          " supports MaxText 0.2.5")
-  return [fn for fn in chain if fn.__name__ != "adjust_rope"]
+                          f" supports MaxText {facts.version}'s")
+  return [fn for fn in chain if fn.__name__ not in facts.llama_conversion_hooks_dropped]
 
 
 def to_hf(items_dir: str, config) -> HfModel:
   """The checkpoint's weights in HF Llama names and layouts, via MaxText's own conversion functions."""
-  param_mapping = _maxtext("maxtext.checkpoint_conversion.utils.param_mapping")
+  module, names, hooks = touchpoints.adapter().llama_param_mapping
+  param_mapping = _maxtext(module)
   _check_supported(config)
   params = read_params(items_dir)
   n = int(config.num_decoder_layers)
   scan = bool(config.scan_layers)
   conv_cfg = {"num_hidden_layers": n, "head_dim": int(config.head_dim)}
-  mapping = param_mapping.LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING(conv_cfg, config, scan_layers=scan)
-  hooks = {k: _without_adjust_rope(v) for k, v in param_mapping.LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN(
+  names_fn, hooks_fn = getattr(param_mapping, names), getattr(param_mapping, hooks)
+  mapping = names_fn(conv_cfg, config, scan_layers=scan)
+  hooks = {k: _without_adjust_rope(v) for k, v in hooks_fn(
       conv_cfg, config, scan_layers=scan, saving_to_hf=True).items()}
   if config.logits_via_embedding:
     mapping.pop("params-decoder-logits_dense-kernel", None)

@@ -4,10 +4,10 @@ At trace time (inside MaxText's train step, under ``jax.set_mesh(mesh)`` and fla
 ``logical_axis_rules``), the operands' partition specs come from their logical axes through the run's own
 rules (``flax.linen.logical_to_mesh_axes``):
 
-  x (B, S, K...)   ("activation_batch", "activation_length", <activation axis of each kernel input axis>)
-                   the kernel's input axes map as embed -> activation_embed, mlp -> activation_mlp,
-                   heads/q_heads -> activation_heads, kv/kv_head_dim -> activation_kv (MaxText's MLP and
-                   attention inputs, ``layers/linears.py`` / ``layers/attentions.py``)
+  x (B, S, K...)   (<row axes>, <activation axis of each kernel input axis>): the MaxText version's
+                   ``activation_row_axes`` and ``activation_of_kernel_axis`` (in 0.2.5: activation_batch,
+                   activation_length; embed -> activation_embed, mlp -> activation_mlp, heads/q_heads ->
+                   activation_heads, kv/kv_head_dim -> activation_kv)
   W (K..., N...)   the kernel's own logical axes (``DenseGeneral(kernel_axes=...)``, passed to
                    ``dot_general_cls(mesh_axes)``)
 
@@ -18,17 +18,8 @@ blocks. Outside a mesh (or on one device) every operand has one amax, as with ``
 from __future__ import annotations
 
 from maxtext_nvfp4.core import amax_scope
-
-# MaxText's activation axis for a kernel input axis (the lhs contracting dims of DenseGeneral).
-_ACTIVATION_OF_KERNEL_AXIS = {
-    "embed": "activation_embed",
-    "mlp": "activation_mlp",
-    "heads": "activation_heads",
-    "q_heads": "activation_heads",
-    "kv": "activation_kv",
-    "kv_head_dim": "activation_kv",
-}
-
+from maxtext_nvfp4.integration import touchpoints
+from maxtext_nvfp4.integration.log_once import log_once
 
 def te_amax_groups(lhs_shape: tuple, rhs_shape: tuple, dimension_numbers, kernel_axes: tuple, role: str = ""):
   """The ``te`` scope's ``AmaxGroups`` for ``lax.dot_general(lhs, kernel, dimension_numbers)`` on the
@@ -51,18 +42,17 @@ def te_amax_groups(lhs_shape: tuple, rhs_shape: tuple, dimension_numbers, kernel
   lc = tuple(int(d) % lhs_ndim for d in lc)
   rc = tuple(int(d) % len(kernel_axes) for d in rc)
   rows = [d for d in range(lhs_ndim) if d not in lc]
+  facts = touchpoints.adapter()
   x_logical = [None] * lhs_ndim
   for i, d in enumerate(rows[:2]):
-    x_logical[d] = ("activation_batch", "activation_length")[i]
+    x_logical[d] = facts.activation_row_axes[i]
   for dl, dr in zip(lc, rc):
-    x_logical[dl] = _ACTIVATION_OF_KERNEL_AXIS.get(kernel_axes[dr])
+    x_logical[dl] = facts.activation_of_kernel_axis.get(kernel_axes[dr])
   x_spec = tuple(nn.logical_to_mesh_axes(tuple(x_logical)))
   w_spec = tuple(nn.logical_to_mesh_axes(tuple(kernel_axes)))
   groups = amax_scope.amax_groups(mesh=sizes, x_rows=[x_spec[d] for d in rows], x_k=[x_spec[d] for d in lc],
                                   w_k=[w_spec[d] for d in rc],
                                   w_n=[w_spec[d] for d in range(len(kernel_axes)) if d not in rc])
-  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (cycle)
-
   shown = {a: n for a, n in sizes.items() if n > 1}
   m, k = math.prod(lhs_shape[d] for d in rows), math.prod(lhs_shape[d] for d in lc)
   n = math.prod(rhs_shape[d] for d in range(len(rhs_shape)) if d not in rc)
@@ -70,11 +60,11 @@ def te_amax_groups(lhs_shape: tuple, rhs_shape: tuple, dimension_numbers, kernel
             "dy N": (n, groups.dy_n)}
   bad = [f"{name} {size}/{g}" for name, (size, g) in blocks.items() if size % g or (size // g) % 16]
   if bad:
-    quantization._log_once(  # pylint: disable=protected-access
+    log_once(
         f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} per-device blocks"
         f" ({', '.join(bad)}) are not multiples of 16 (TE refuses this GEMM); it runs with one amax per tensor",
         warn=True)
     return None
-  quantization._log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} amax blocks"  # pylint: disable=protected-access
-                        f" {amax_scope.describe(groups)}")
+  log_once(f"maxtext-nvfp4: nvfp4_amax_scope=te on mesh {shown}: {role or kernel_axes} amax blocks"
+           f" {amax_scope.describe(groups)}")
   return None if groups.trivial else groups

@@ -1,8 +1,8 @@
 """MaxText RoutedMoE's grouped-GEMM path (``sparse_matmul=true``) with each expert's GEMM in its planned precision.
 
-What MaxText 0.2.5 does there (``layers/moe.py``, ``RoutedMoE.sparse_matmul``): inside one ``jax.shard_map``
-over the run's mesh it sorts the routed (token, k) copies by expert (``permute``: a stable argsort, so an
-expert's rows keep token order) and runs the expert linears through a local closure ``gmm(inputs, kernel,
+What MaxText does there (as read in 0.2.5; the call order is the adapter's ``gmm_call_order``;
+``layers/moe.py``, ``RoutedMoE.sparse_matmul``): inside one ``jax.shard_map`` over the run's mesh it sorts
+the routed (token, k) copies by expert (``permute``: a stable argsort, so an expert's rows keep token order) and runs the expert linears through a local closure ``gmm(inputs, kernel,
 ...)`` (moe.py:2236) that pads the rows to the tile and calls ``maxtext.kernels.megablox.gmm`` when
 ``megablox`` or ``use_tokamax_gmm`` is set (with a quantization set, tokamax's direct unquantized
 ``ragged_dot`` is never taken: moe.py:2296-2303), else ``jax.lax.ragged_dot`` (moe.py:2195). In one call
@@ -16,7 +16,7 @@ each ``gmm(lhs (M, K), rhs (E, K, N), group_sizes (E,))``: rows ``[s_e, s_e + m_
 is zero. The quantization object is never asked for the GEMM (only for megablox's int8/fp8 dtypes,
 ``get_quantization_dtypes``, moe.py:2224), so MaxText alone would run the experts unquantized.
 
-The interception (two wraps, listed in :data:`maxtext_nvfp4.integration.touchpoints.TOUCHES`):
+The interception (two wraps, listed in the MaxText adapter's ``touches``):
 
 * ``RoutedMoE.sparse_matmul``: when the layer's ``quant`` is ours, it asks it for the layer's three expert
   GEMMs (``expert_gemms()``: layer, role and recipes located exactly as the einsum path's
@@ -35,11 +35,13 @@ Routing, dispatch (permute) and combine (unpermute) stay MaxText's, in high prec
 Where the grouped GEMM runs: inside MaxText's shard_map, on each device's own tokens and expert-weight
 shards (the experts' hidden dim split over the tensor axis, the weights gathered over fsdp). Each
 expert's amax is therefore per device for x and dy and per tensor-parallel shard for W: TE's scope
-(``nvfp4_amax_scope: te``). ``global`` on more than one device is refused at start-up (:func:`refusal`).
+(``nvfp4_amax_scope: te``). ``global`` on more than one device is refused at start-up
+(:func:`maxtext_nvfp4.integration.moe_refusals.refusal`).
 On several devices each device folds its linear mesh index into the SR key (TE's devices draw their own
 bits; without it every data-parallel replica would reuse the same bits).
 
-What cannot be intercepted, or never ran here, is refused at start-up with one line (:func:`refusal`): the
+What cannot be intercepted, or never ran here, is refused at start-up with one line
+(:func:`maxtext_nvfp4.integration.moe_refusals.refusal`): the
 ``ragged_dot`` path (``megablox=false`` with ``use_tokamax_gmm=false``: MaxText calls ``jax.lax.ragged_dot``
 itself), ring of experts (gmm calls per token chunk, group offsets), expert parallelism (traced, but XLA:CPU
 cannot run MaxText's ragged all-to-all, so never run), and the amax scope above.
@@ -53,15 +55,12 @@ import contextvars
 import dataclasses
 import inspect
 import itertools
-import threading
 from typing import Any
 
 from maxtext_nvfp4.core import settings as settings_lib
-
-# RoutedMoE's default expert kernel axes (layers/moe.py, RoutedMoE.__init__): the signatures under which
-# the plan's locator counts the expert linears (plan.SIGNATURES), whatever sharding variant the layer uses.
-WI_AXES = ("exp", "embed_moe", "mlp_moe")
-WO_AXES = ("exp", "mlp_moe", "embed_moe")
+from maxtext_nvfp4.integration import moe_refusals
+from maxtext_nvfp4.integration import touchpoints
+from maxtext_nvfp4.integration import traced
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -88,37 +87,29 @@ class _Call:
 
   # expert_wi_0, expert_wi_1, expert_wo
   gemms: dict
-  # config.prefuse_moe_weights: wi_0 and wi_1 arrive as one kernel
-  fused: bool
-  # gmm calls so far in this call (the k-th is linear k of the cycle wi_0, wi_1, wo)
+  # the expert role(s) of successive gmm calls, cycled (the MaxText adapter's gmm_call_order[_fused])
+  cycle: tuple
+  # gmm calls so far in this call (the k-th is entry k of the cycle)
   calls: Any = dataclasses.field(default_factory=itertools.count)
 
   def next_linears(self) -> tuple[str, ...]:
     """The expert role(s) of the next gmm call (two for a fused up-projection)."""
-    cycle = (("expert_wi_0", "expert_wi_1"), ("expert_wo",)) if self.fused else (
-        ("expert_wi_0",), ("expert_wi_1",), ("expert_wo",))
-    return cycle[next(self.calls) % len(cycle)]
+    return self.cycle[next(self.calls) % len(self.cycle)]
 
 
 _ACTIVE: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("maxtext_nvfp4_sparse_moe", default=None)
 
 # Trace-time counts of gmm calls: "emulated" (our per-expert GEMM) and "maxtext" (MaxText's own kernel).
-_lock = threading.Lock()
-_gmm_calls: collections.Counter = collections.Counter()
+_gmm_calls = traced.TraceCounter()
 
 
 def gmm_calls(reset: bool = False) -> collections.Counter:
   """``{"emulated": n, "maxtext": m}``: grouped-GEMM calls traced since the last reset (a trace-time count)."""
-  with _lock:
-    out = collections.Counter(_gmm_calls)
-    if reset:
-      _gmm_calls.clear()
-  return out
+  return _gmm_calls.read(reset)
 
 
 def _count(kind: str, n: int = 1) -> None:
-  with _lock:
-    _gmm_calls[kind] += n
+  _gmm_calls.add(kind, n)
 
 
 @contextlib.contextmanager
@@ -131,53 +122,12 @@ def _active(call: _Call):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Start-up refusals
-# ---------------------------------------------------------------------------------------------------
-
-
-def refusal(config, s: settings_lib.Nvfp4Settings, num_devices: int | None) -> str | None:
-  """Why the expert GEMMs of ``config``'s sparse path (``sparse_matmul=true``) cannot run as planned, or None.
-
-  One line naming the key and the fix. Only asked when some expert linear is off plain bf16.
-  ``num_devices`` None: unknown yet (config time), the amax-scope check is skipped.
-  """
-  if not bool(config.sparse_matmul):
-    return None
-  head = "quantization=nvfp4 with sparse_matmul=true and"
-  if not bool(config.megablox) and not bool(getattr(config, "use_tokamax_gmm", False)):
-    return (f"{head} megablox=false (and use_tokamax_gmm=false): MaxText then calls jax.lax.ragged_dot itself,"
-            " which the plugin cannot intercept, so the experts would run unquantized; set megablox=true (MaxText's"
-            " default: the emulated per-expert GEMM replaces the kernel) or sparse_matmul=false")
-  if bool(getattr(config, "use_ring_of_experts", False)):
-    return (f"{head} use_ring_of_experts=true: ring of experts splits the expert GEMMs into token chunks and"
-            " group offsets the plugin does not emulate; set use_ring_of_experts=false or sparse_matmul=false")
-  ep = {k: int(getattr(config, k, 1)) for k in ("ici_expert_parallelism", "dcn_expert_parallelism")}
-  if any(v > 1 for v in ep.values()):
-    return expert_parallel_refusal(", ".join(f"{k}={v}" for k, v in ep.items()))
-  if s.amax_scope == "global" and (num_devices or 1) > 1:
-    return (f"{head} nvfp4_amax_scope=global on {num_devices} devices: MaxText's grouped GEMM runs per device"
-            " inside a shard_map, so each expert's amax can only be per device (TE's scope); set"
-            " nvfp4_amax_scope=te or sparse_matmul=false")
-  return None
-
-
-def expert_parallel_refusal(what: str) -> str:
-  """The one line for an expert-parallel mesh (``what``: the keys or the mesh axis that make it so)."""
-  return ("quantization=nvfp4 with sparse_matmul=true and expert parallelism"
-          f" ({what}): not verified (XLA:CPU cannot run MaxText's ragged all-to-all, so the expert-parallel grouped"
-          " GEMM never ran here); set ici_expert_parallelism=1 and dcn_expert_parallelism=1 (data, fsdp and tensor"
-          " parallelism are supported) or sparse_matmul=false")
-
-
-# ---------------------------------------------------------------------------------------------------
 # The two wraps
 # ---------------------------------------------------------------------------------------------------
 
 
 def patch_moe(moe) -> None:
   """Wrap ``moe.RoutedMoE.sparse_matmul`` (see the module docstring)."""
-  from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
-
   def make(orig):
     def sparse_matmul(self, *args, **kwargs):
       expert_gemms = getattr(self.quant, "expert_gemms", None)
@@ -188,8 +138,11 @@ def patch_moe(moe) -> None:
         return orig(self, *args, **kwargs)
       ep = int(self.get_expert_parallelism_size())
       if ep > 1:  # e.g. ici_expert_parallelism=-1 resolved on the mesh (the config-time check saw -1)
-        raise settings_lib.SettingsError(expert_parallel_refusal(f"{ep} expert shards on the mesh"))
-      call = _Call(gemms={g.role: g for g in gemms}, fused=bool(self.config.prefuse_moe_weights))
+        raise settings_lib.SettingsError(moe_refusals.expert_parallel_refusal(f"{ep} expert shards on the mesh"))
+      facts = touchpoints.adapter()
+      fused = bool(self.config.prefuse_moe_weights)
+      call = _Call(gemms={g.role: g for g in gemms},
+                   cycle=facts.gmm_call_order_fused if fused else facts.gmm_call_order)
       with _active(call):
         return orig(self, *args, **kwargs)
     return sparse_matmul
@@ -200,8 +153,6 @@ def patch_moe(moe) -> None:
 
 def patch_megablox(megablox) -> None:
   """Wrap ``maxtext.kernels.megablox.gmm`` (the name ``layers/moe.py`` calls as ``mblx.gmm``)."""
-  from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
-
   def make(orig):
     sig = inspect.signature(orig)
 
@@ -269,15 +220,13 @@ def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (cycle)
 
   device = _device_index()
   n = rhs.shape[2] // len(gemms)
   outs = []
   for i, g in enumerate(gemms):  # wi_0 and wi_1 of one layer share their plan: both have a recipe
     w = rhs[:, :, i * n:(i + 1) * n] if len(gemms) > 1 else rhs
-    _, _, use_switched, key = quantization._step_inputs(  # pylint: disable=protected-access
-        g.layer, g.role, g.seed, g.recipe, g.switched, g.switch_step)
+    _, _, use_switched, key = traced.step_inputs(g.layer, g.role, g.seed, g.recipe, g.switched, g.switch_step)
     if device is not None:
       key = jax.random.fold_in(key, device)
     outs.append(grouped_gemm.ragged_dot(lhs, w, group_sizes, recipe=g.recipe, switched=g.switched,

@@ -1,13 +1,14 @@
 """``nvfp4_backend=te`` inside MaxText: a subclass of MaxText's ``TransformerEngineQuantization``.
 
-MaxText 0.2.5's ``quantizations.TransformerEngineQuantization`` already wraps
+MaxText's ``quantizations.TransformerEngineQuantization`` already wraps
 ``transformer_engine.jax.dense.dense`` in a Linen module, routes quantizer state through
 ``_overwrite_with_gradient`` (checkpoint name ``"quantization"``) and picks TE's collective-GEMM ops from
 the kernel's mesh axes. The subclass here reuses all of that and changes what
 :mod:`maxtext_nvfp4.backends.te` describes: the recipe toggles, the per-GEMM precision plan and the
-seeded ``sr_rng`` stream. MaxText internals it relies on (its ``__init__`` is not called; ``_recipe``,
-``_te_comm_gemm_overlap_policy`` and ``_wrap`` are MaxText's private names) are listed in
-:data:`maxtext_nvfp4.integration.touchpoints.TOUCHES`. ``base_cls`` is passed in, so tests can use a fake.
+seeded ``sr_rng`` stream. MaxText internals it relies on (its ``__init__`` is not called; the recipe and
+overlap-policy attributes and ``_wrap`` are MaxText's private names) are the MaxText adapter's
+(``te_recipe_attr``, ``te_overlap_attr``, ``te_sr_source_stream``, ``touches``). ``base_cls`` is passed in,
+so tests can use a fake.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable
 
-from maxtext_nvfp4.backends.te import (PRECISIONS, SR_RNG_SOURCE_STREAM, TE_SR_RNG_STREAM, check_te_settings,
-                                       rng_streams_needed, te_recipe)
+from maxtext_nvfp4.backends.te import PRECISIONS, TE_SR_RNG_STREAM, check_te_settings, rng_streams_needed, te_recipe
 from maxtext_nvfp4.integration import step as step_lib
+from maxtext_nvfp4.integration import touchpoints
 
 _PLAIN_CLS: list[Any] = []
 
@@ -46,13 +47,15 @@ def plain_dot_general_cls():
   return _PLAIN_CLS[0]
 
 
-_SUBCLASSES: dict[type, type] = {}
+_SUBCLASSES: dict[tuple[type, str], type] = {}
 
 
-def _subclass_of(base_cls: type) -> type:
+def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
   """One adapter class per MaxText base class (stable identity: MaxText compares quant objects)."""
-  if base_cls in _SUBCLASSES:
-    return _SUBCLASSES[base_cls]
+  if (base_cls, sr_source_stream) in _SUBCLASSES:
+    return _SUBCLASSES[(base_cls, sr_source_stream)]
+  facts = touchpoints.adapter()
+  recipe_attr, overlap_attr = facts.te_recipe_attr, facts.te_overlap_attr  # the base class's private names
 
   class Nvfp4TransformerEngineQuantization(base_cls):  # type: ignore[misc, valid-type]
     """MaxText's TE quantization with our NVFP4 toggles, per-GEMM plan and seeded ``sr_rng``."""
@@ -63,9 +66,9 @@ def _subclass_of(base_cls: type) -> type:
       self.quant_mode = "train"
       self._settings = settings
       self._plan = plan
-      self._recipe = te_recipe("nvfp4", settings)
+      setattr(self, recipe_attr, te_recipe("nvfp4", settings))
       # MaxText's TeCommGemmOverlapPolicy is a str enum; "disabled" compares equal to DISABLED.
-      self._te_comm_gemm_overlap_policy = getattr(config, "te_comm_gemm_overlap", "disabled")
+      setattr(self, overlap_attr, getattr(config, "te_comm_gemm_overlap", "disabled"))
       # first step of the late precision switch (None: off)
       self._switch_step = settings.switch_step(getattr(config, "steps", None))
 
@@ -103,7 +106,7 @@ def _subclass_of(base_cls: type) -> type:
           if name == TE_SR_RNG_STREAM:
             import jax  # pylint: disable=import-outside-toplevel
 
-            return jax.random.fold_in(super().make_rng(SR_RNG_SOURCE_STREAM), seed)
+            return jax.random.fold_in(super().make_rng(sr_source_stream), seed)
           return super().make_rng(name)
 
       SeededSrRngWrapper.__name__ = wrapper.__name__
@@ -117,7 +120,7 @@ def _subclass_of(base_cls: type) -> type:
       routed = self
       if precision != "nvfp4":
         routed = copy.copy(self)
-        routed._recipe = te_recipe(precision, self._settings)  # pylint: disable=protected-access
+        setattr(routed, recipe_attr, te_recipe(precision, self._settings))
       elif self._switch_step is not None:
         return self._switched_dot_general_cls(mesh_axes)
       # MaxText's implementation: TEWrapper(dense(x, kernel, contracting_dims, quantizer_set, ...)).
@@ -138,7 +141,7 @@ def _subclass_of(base_cls: type) -> type:
       after_recipe = None if s.switch_to == "bf16" else te_recipe(s.switch_to, s)
       forward_only = s.switch_scope == "forward"
       switch_step = int(self._switch_step)
-      overlap = self._te_comm_gemm_overlap_policy
+      overlap = getattr(self, overlap_attr)
 
       def te_switched_dot_general(generate_quantizer_set, generate_collective_op_set, x, kernel, dims, **kwargs):
         del kwargs  # as MaxText's te_dot_general: TE's dense takes no precision arguments
@@ -177,11 +180,12 @@ def _subclass_of(base_cls: type) -> type:
       return self._wrap(te_switched_dot_general, "dot_general_switched")
 
   Nvfp4TransformerEngineQuantization.__qualname__ = f"Nvfp4TransformerEngineQuantization[{base_cls.__name__}]"
-  _SUBCLASSES[base_cls] = Nvfp4TransformerEngineQuantization
+  _SUBCLASSES[(base_cls, sr_source_stream)] = Nvfp4TransformerEngineQuantization
   return Nvfp4TransformerEngineQuantization
 
 
-def make_te_quantization(base_cls: type, config: Any, settings, plan: Callable[[tuple], str]):
+def make_te_quantization(base_cls: type, config: Any, settings, plan: Callable[[tuple], str], *,
+                         sr_source_stream: str | None = None):
   """An instance of a subclass of ``base_cls`` running our recipe through TE (see module docstring).
 
   Args:
@@ -191,9 +195,12 @@ def make_te_quantization(base_cls: type, config: Any, settings, plan: Callable[[
     plan: ``plan(mesh_axes) -> "nvfp4" | "bf16" | "fp8"`` for the projection being built. It is part
       of the object's equality/hash (MaxText builds the quantization object several times per run),
       so pass something that compares equal across calls (e.g. a frozen dataclass with ``__call__``).
+    sr_source_stream: MaxText's rng stream TE's ``sr_rng`` is drawn from (default: the installed
+      MaxText adapter's ``te_sr_source_stream``).
 
   Raises:
     BackendError: settings the TE backend does not map (see :func:`check_te_settings`).
   """
   check_te_settings(settings)
-  return _subclass_of(base_cls)(config, settings, plan)
+  stream = sr_source_stream or touchpoints.adapter().te_sr_source_stream
+  return _subclass_of(base_cls, stream)(config, settings, plan)

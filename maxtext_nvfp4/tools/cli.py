@@ -20,7 +20,7 @@ COMMANDS = {
     "prepare-data": ("maxtext_nvfp4.tools.data", "build a local MaxText-ready dataset (embedded corpus or your files)"),
     "compare": ("maxtext_nvfp4.tools.compare", "compare runs: throughput, loss gap, verdict, plots"),
     "reproduce": ("maxtext_nvfp4.tools.reproduce", "run a baseline/NVFP4 recipe pair back to back, then compare"),
-    "patch": ("maxtext_nvfp4.tools.patching", "apply/check/revert the MaxText 0.2.5 patch series"),
+    "patch": ("maxtext_nvfp4.tools.patching", "apply/check/revert the MaxText patch series"),
     "export": ("maxtext_nvfp4.tools.export", "export a MaxText Llama checkpoint in ModelOpt's NVFP4 HF format (vLLM)"),
     "eval-quantized": ("maxtext_nvfp4.tools.eval_quantized", "eval loss of a checkpoint with its linears served in bf16/NVFP4/FP8"),
 }

@@ -90,14 +90,14 @@ def read_recipe(recipe: str, overrides: Sequence[str] = ()) -> recipes_mod.Recip
   """The recipe and overrides as train will read them; raises a one-line :class:`recipes_mod.RecipeError`
   (missing, unreadable, bad YAML, bad override) or :class:`settings_mod.SettingsError` (a key MaxText
   does not know)."""
-  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
 
   r = recipes_mod.resolve([recipe, *overrides])
-  known = set(plugin.known_config_keys())
+  known = set(config_errors.known_config_keys())
   for key in r.values:
     if key not in known and key != "base_config":
       src = r.sources.get(key, "")
-      raise plugin.unknown_key_error(key, "on the command line" if src == "command line" else f"(set in {src})")
+      raise config_errors.unknown_key_error(key, "on the command line" if src == "command line" else f"(set in {src})")
   return r
 
 

@@ -1,4 +1,4 @@
-"""Recipes: find them, read their config exactly as MaxText 0.2.5 will, and refuse hardware they cannot use.
+"""Recipes: find them, read their config exactly as the installed MaxText will, and refuse hardware they cannot use.
 
 No JAX/MaxText import (OmegaConf and PyYAML only; MaxText's ``configs`` folder is located by path), so
 ``train`` and ``doctor`` can check a command line *before* anything heavy runs. This is the one recipe
@@ -46,6 +46,8 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
+from maxtext_nvfp4.backends.capability import MIN_COMPUTE_CAPABILITY
+
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # maxtext_nvfp4/
 # The recipes the wheel carries (in a checkout, a link to the repository's recipes/).
 PACKAGED_RECIPES = os.path.join(_PKG_DIR, "recipes")
@@ -57,12 +59,11 @@ _TE_QUANT_CC = {
     "te_no_quant": 8.0,
     "te_fp8_delayedscaling": 8.9,
     "te_fp8_currentscaling": 8.9,
-    "te_mxfp8": 10.0,
-    "te_nvfp4": 10.0,
-    "te_nvfp4_no_rht": 10.0,
+    "te_mxfp8": MIN_COMPUTE_CAPABILITY,  # Blackwell: the FP4/MXFP8 tensor cores (one constant, backends/capability)
+    "te_nvfp4": MIN_COMPUTE_CAPABILITY,
+    "te_nvfp4_no_rht": MIN_COMPUTE_CAPABILITY,
 }
 _CUDNN_FLASH_TE_CC = 8.0
-_NVFP4_TE_CC = 10.0
 
 
 
@@ -159,16 +160,22 @@ def recipes_listing() -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Reading (MaxText 0.2.5's pyconfig order)
+# Reading (pyconfig's order; file names and the environment prefix from the MaxText adapter)
 # ---------------------------------------------------------------------------------------------------
 
 
 def maxtext_configs_dir() -> str:
   """MaxText's ``configs`` folder (its ``base.yml`` and ``models/``), located without importing MaxText's
   modules (``import maxtext`` alone is an empty package)."""
+  return os.path.join(_maxtext_facts()[0], _maxtext_facts()[1].configs_dir)
+
+
+def _maxtext_facts():
+  """``(maxtext package dir, the installed MaxText's adapter)``: where its config files are and how pyconfig
+  reads them (base file, models folder, environment prefix) are facts of the MaxText version."""
   from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
 
-  return os.path.join(touchpoints.maxtext_package_dir(), "configs")
+  return touchpoints.maxtext_package_dir(), touchpoints.adapter()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -290,7 +297,8 @@ def resolve(args: Sequence[str], *, recipes_dir: str | None = None, environ: Map
 
   environ = os.environ if environ is None else environ
   name, overrides = split_command_line(args)
-  path = find_recipe(name, recipes_dir) if name is not None else os.path.join(maxtext_configs_dir(), "base.yml")
+  path = (find_recipe(name, recipes_dir) if name is not None
+          else os.path.join(maxtext_configs_dir(), _maxtext_facts()[1].base_config))
   merged, chain, sources = read_chain(path)
   try:
     cli = OmegaConf.from_cli(list(overrides))
@@ -300,9 +308,10 @@ def resolve(args: Sequence[str], *, recipes_dir: str | None = None, environ: Map
   model_cfg, model_file = {}, None
   model_name = str(temp.get("model_name", "default") or "default").replace("-Instruct", "")
   if model_name != "default":
-    for cand in (os.path.join(os.path.dirname(path), "models", f"{model_name}.yml"),
-                 os.path.join(os.path.dirname(os.path.dirname(path)), "models", f"{model_name}.yml"),
-                 os.path.join(maxtext_configs_dir(), "models", f"{model_name}.yml")):
+    models = _maxtext_facts()[1].models_dir
+    for cand in (os.path.join(os.path.dirname(path), models, f"{model_name}.yml"),
+                 os.path.join(os.path.dirname(os.path.dirname(path)), models, f"{model_name}.yml"),
+                 os.path.join(maxtext_configs_dir(), models, f"{model_name}.yml")):
       if os.path.isfile(cand):
         model_file = os.path.abspath(cand)
         break
@@ -323,7 +332,7 @@ def resolve(args: Sequence[str], *, recipes_dir: str | None = None, environ: Map
   sources.update({str(k): model_file for k in (model_cfg.keys() if model_cfg else ())})
   sources.update({str(k): "command line" for k in cli.keys()})
   for key in list(final):
-    env_key = "M_" + str(key).upper()
+    env_key = _maxtext_facts()[1].env_prefix + str(key).upper()
     if env_key not in environ:
       continue
     if key in cli:
@@ -346,7 +355,7 @@ def _plain(cfg, key):
 
 def _env_value(key: str, raw: str, current: Any) -> Any:
   """pyconfig's ``M_KEY`` parsing: typed like the value it replaces (bools as true/false/1/0/yes/no)."""
-  env_key = "M_" + key.upper()
+  env_key = _maxtext_facts()[1].env_prefix + key.upper()
   if isinstance(current, bool):
     low = raw.strip().lower()
     if low in ("true", "1", "yes", "y", "t"):
@@ -453,7 +462,7 @@ def requirements(config: Any) -> list[tuple[str, float]]:
   if quant in _TE_QUANT_CC:
     need.append((f"quantization={quant}", _TE_QUANT_CC[quant]))
   if quant == "nvfp4" and str(_get(config, "nvfp4_backend", "auto")) == "te":
-    need.append(("quantization=nvfp4 with nvfp4_backend=te", _NVFP4_TE_CC))
+    need.append(("quantization=nvfp4 with nvfp4_backend=te", MIN_COMPUTE_CAPABILITY))
   if str(_get(config, "attention", "")) == "cudnn_flash_te":
     need.append(("attention=cudnn_flash_te", _CUDNN_FLASH_TE_CC))
   return need

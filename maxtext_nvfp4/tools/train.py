@@ -146,21 +146,21 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   """``(args with the recipe resolved to its path, effective config)``, or :class:`recipes.RecipeError` /
   :class:`settings.SettingsError` with the one line to print: everything :func:`cli_main` refuses before
   MaxText starts (see the module docstring). Imports MaxText's config schema (for unknown keys) only."""
-  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
   resolved = recipes.resolve(args)
   if args and "=" not in args[0]:
     args = [resolved.path, *args[1:]]  # MaxText needs the .yml path (it would look for a bare name in src/)
   cfg = dict(resolved.values)
-  known = set(plugin.known_config_keys())
+  known = set(config_errors.known_config_keys())
   for key in cfg:
     if key not in known and key != "base_config":
       src = resolved.sources.get(key, "")
       where = "on the command line" if src == "command line" else f"(set in {src})" if src else ""
-      raise plugin.unknown_key_error(key, where)
+      raise config_errors.unknown_key_error(key, where)
   maxtext_base = os.path.join(recipes.maxtext_configs_dir(), "base.yml")  # its values are MaxText's own
-  bad_type = plugin.field_error(cfg, [k for k, src in resolved.sources.items() if src != maxtext_base])
+  bad_type = config_errors.field_error(cfg, [k for k, src in resolved.sources.items() if src != maxtext_base])
   if bad_type is not None:
     raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only

@@ -1,0 +1,60 @@
+"""The config schema: ``quantization: nvfp4`` in MaxText's ``QuantizationType`` and :data:`Nvfp4MaxTextConfig`.
+
+``Nvfp4MaxTextConfig`` is ``MaxTextConfig`` plus every ``nvfp4_*`` key of :mod:`maxtext_nvfp4.core.settings`
+(choices as ``Literal`` so pydantic's error lists them), built when MaxText's ``configs.types`` is patched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from maxtext_nvfp4.core import settings as settings_lib
+
+QUANTIZATION = "nvfp4"
+
+_PY_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+Nvfp4MaxTextConfig: Any = None  # built on registration: MaxTextConfig + the nvfp4_* keys
+
+
+def _field_annotations() -> dict[str, Any]:
+  """``{config key: annotation}``: ``Literal[choices]`` for enumerated keys, else the settings type."""
+  out = {}
+  for f in dataclasses.fields(settings_lib.Nvfp4Settings):
+    choices = settings_lib.CHOICES.get(f.name)
+    typ = f.type if isinstance(f.type, type) else _PY_TYPES[str(f.type)]
+    out[settings_lib.config_key(f.name)] = Literal[choices] if choices else typ
+  return out
+
+
+def patch_types(types) -> None:
+  """``QuantizationType`` gains ``NVFP4``; :data:`Nvfp4MaxTextConfig` is built once (idempotent)."""
+  qt = types.QuantizationType
+  if QUANTIZATION not in qt._value2member_map_:  # pylint: disable=protected-access
+    # Extend the str-Enum in place (a subclass/replacement would break `is`/== checks elsewhere).
+    member = str.__new__(qt, QUANTIZATION)
+    member._name_ = "NVFP4"  # pylint: disable=protected-access
+    member._value_ = QUANTIZATION  # pylint: disable=protected-access
+    member._sort_order_ = len(qt._member_names_)  # pylint: disable=protected-access
+    member.__objclass__ = qt
+    qt._member_map_["NVFP4"] = member  # pylint: disable=protected-access
+    qt._value2member_map_[QUANTIZATION] = member  # pylint: disable=protected-access
+    qt._member_names_.append("NVFP4")  # pylint: disable=protected-access
+    type.__setattr__(qt, "NVFP4", member)
+    types.MaxTextConfig.model_rebuild(force=True)
+
+  global Nvfp4MaxTextConfig
+  if Nvfp4MaxTextConfig is None:
+    import pydantic  # pylint: disable=import-outside-toplevel
+
+    defaults = settings_lib.config_keys()
+    fields = {
+        key: (ann, pydantic.Field(defaults[key], description=settings_lib.KEY_HELP[settings_lib.field_of_key(key)]))
+        for key, ann in _field_annotations().items()
+    }
+    Nvfp4MaxTextConfig = pydantic.create_model("Nvfp4MaxTextConfig", __base__=types.MaxTextConfig, **fields)
+
+
+def is_nvfp4(config) -> bool:
+  q = getattr(config, "quantization", "")
+  return str(getattr(q, "value", q)) == QUANTIZATION

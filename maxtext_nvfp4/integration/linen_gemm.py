@@ -1,0 +1,100 @@
+"""The Linen module of one emulated decoder projection, and RoutedMoE's expert einsum (``quantization=nvfp4``).
+
+:func:`linen_module_class` is what ``Nvfp4Quantization.dot_general_cls`` hands MaxText's DenseGeneral:
+``dot_general(lhs=activations, rhs=kernel)`` through :func:`maxtext_nvfp4.core.gemm.dot_general` in the
+projection's planned precision, with the SR key of (seed, step, layer, role) (:mod:`traced`) and, with
+``nvfp4_amax_scope=te``, the operands' amax blocks on the run's mesh (:mod:`mesh_scope`).
+:func:`expert_einsum` runs RoutedMoE's expert linears one emulated GEMM per expert.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from maxtext_nvfp4.integration import mesh_scope
+from maxtext_nvfp4.integration import traced
+
+
+@functools.cache
+def linen_module_class():
+  """The Linen module MaxText's DenseGeneral wraps (built lazily: flax is imported only when used)."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  class Nvfp4DotGeneral(nn.Module):
+    """``dot_general(lhs=activations, rhs=kernel)`` of one decoder projection, in its planned precision.
+
+    ``recipe is None`` means every pass is BF16 before and after the switch: the plain
+    ``lax.dot_general`` MaxText runs unquantized. Otherwise ``gemm.dot_general`` with the recipe, the
+    switched recipe selected by ``step >= switch_step`` (traced: one compile for the whole run), and
+    the SR key of (seed, step, layer, role). No variables: the checkpoint is unchanged.
+    """
+
+    # GemmRecipe before the switch, or None for plain BF16
+    recipe: Any = None
+    # GemmRecipe from switch_step on, or None (switch off)
+    switched: Any = None
+    # first step that uses `switched`
+    switch_step: int | None = None
+    # decoder layer index (None: scanned layers)
+    layer: int | None = None
+    # projection role (query, key, value, out, wi_0, wi_1, wo, ...)
+    role: str = ""
+    # nvfp4_seed
+    seed: int = 0
+    # diagnostics aggregation group (diagnostics.group_name), or None: no diagnostics (the normal path)
+    diag_group: str | None = None
+    # nvfp4_diagnostics_interval: statistics on steps with step % diag_interval == 0
+    diag_interval: int = 1
+    # the kernel's logical axes (DenseGeneral's kernel_axes): with amax_scope te, W's sharding
+    kernel_axes: tuple = ()
+    # nvfp4_amax_scope: te (TE's per-device / per-shard amaxes on the run's mesh) or global
+    amax_scope: str = "global"
+
+    @nn.compact
+    def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
+      del kwargs  # e.g. MaxText's mutable=["aqt"] is consumed by Linen apply, nothing else is expected
+      # recipe None: plain BF16. Initializing: DenseGeneral's dummy lazy_init call, whose output is
+      # discarded (no variables to create), so skip the emulation's cost (same shape and dtype).
+      if self.recipe is None or self.is_initializing():
+        return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                                   preferred_element_type=preferred_element_type)
+      from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
+
+      training, step, use_switched, key = traced.step_inputs(self.layer, self.role, self.seed, self.recipe,
+                                                             self.switched, self.switch_step)
+      groups = None
+      if self.amax_scope == "te":
+        groups = mesh_scope.te_amax_groups(lhs.shape, rhs.shape, dimension_numbers, self.kernel_axes, self.role)
+      out = gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
+                             use_switched=use_switched, key=key, preferred_element_type=preferred_element_type,
+                             amax_groups=groups)
+      if self.diag_group is None or not training:
+        return out  # trace-time decision: without diagnostics the traced GEMM is exactly the one above
+      from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+
+      return diagnostics.instrument(lhs, rhs, dimension_numbers, out, step=step, interval=self.diag_interval,
+                                    group=self.diag_group, two_d_weights=self.recipe.two_d_weights,
+                                    stochastic=self.recipe.stochastic_rounding, key=key)
+
+  return Nvfp4DotGeneral
+
+
+def expert_einsum(recipe, switched, switch_step, layer, role, seed):
+  """MaxText RoutedMoE's expert einsum ``(eqn, tokens, kernel)``: one emulated GEMM per expert
+  (:func:`maxtext_nvfp4.core.grouped_gemm.einsum`), or the plain einsum when every pass is BF16."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  def einsum(eqn, lhs, rhs, *args, **kwargs):
+    del args, kwargs  # MaxText drops einsum kwargs (precision) on its quantized path too
+    if recipe is None:
+      return jnp.einsum(eqn, lhs, rhs)
+    from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
+
+    _, _, use_switched, key = traced.step_inputs(layer, role, seed, recipe, switched, switch_step)
+    return grouped_gemm.einsum(eqn, lhs, rhs, recipe=recipe, switched=switched, use_switched=use_switched,
+                               key=key)
+
+  return einsum

@@ -1,0 +1,80 @@
+"""The shape of a MaxText adapter: :class:`MaxTextVersion` (every fact about one release) and :class:`Touch`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+
+class MaxTextVersionError(ImportError):
+  """The installed MaxText is not one this plugin supports, or lacks a symbol it needs (one line)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Touch:
+  """One MaxText name we read, wrap, replace or subclass."""
+
+  # dotted module path
+  module: str
+  # attribute path inside the module ("Class.method" allowed)
+  symbol: str
+  # what we do with it, and where
+  use: str
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MaxTextVersion:
+  """Every fact about one MaxText release that the plugin relies on (data only: no MaxText import)."""
+
+  # the release, as its wheel's metadata spells it ("0.2.5")
+  version: str
+  # every MaxText symbol touched; checked when the module holding it is patched
+  touches: tuple[Touch, ...]
+  # module the plugin patches -> the patch job that handles it (integration/patches.py's table keys)
+  patched_modules: Mapping[str, str]
+  # MaxText's pre-training module (its `main(argv)` is what `python -m maxtext_nvfp4.train` runs)
+  train_module: str
+  # kernel axes of a decoder projection -> the roles sharing them inside one layer, in build order
+  kernel_signatures: Mapping[tuple, tuple[str, ...]]
+  # kernel axes of the dense up-projection(s): wi_0..wi_{n-1}, or wi with one activation (resolved per config)
+  up_projection_axes: tuple
+  # a decoder projection's kernel input axis -> MaxText's activation axis of the matching lhs dim
+  activation_of_kernel_axis: Mapping[str, str]
+  # the two leading logical axes of every activation (tokens): batch, length
+  activation_row_axes: tuple[str, str]
+  # prefix of RoutedMoE.einsum's dispatch/combine axes (routing einsums, never quantized)
+  routing_axis_prefix: str
+  # decoder_block -> (rule, config key) of its MoE layers: ("from", k): layers k.. ; ("every", k): (l+1) % k == 0;
+  # a block not listed with num_experts > 1 has routed experts in every layer
+  moe_layer_rules: Mapping[str, tuple[str, str]]
+  # RoutedMoE's expert kernel axes under which the locator counts the sparse path's linears: (wi, wo)
+  expert_kernel_axes: tuple[tuple, tuple]
+  # the expert roles of successive megablox gmm calls inside one sparse_matmul (cycled), unfused / prefused
+  gmm_call_order: tuple[tuple[str, ...], ...]
+  gmm_call_order_fused: tuple[tuple[str, ...], ...]
+  # pyconfig's unknown-key ValueError (a regex whose group 1 is the key)
+  unknown_key_pattern: str
+  # keys pyconfig (or a "before" validator) rewrites before pydantic sees them: only MaxText judges them
+  rewritten_keys: frozenset[str]
+  # MaxText's nnx.Rngs stream that TE's sr_rng is drawn from (DenseGeneral's quantization randomness)
+  te_sr_source_stream: str
+  # TransformerEngineQuantization's private attributes the TE adapter sets: the recipe, the overlap policy
+  te_recipe_attr: str
+  te_overlap_attr: str
+  # MaxText's Llama conversion hooks (param_mapping's HOOK_FN chain) we expect, and the ones we drop
+  llama_conversion_hooks: frozenset[str]
+  llama_conversion_hooks_dropped: frozenset[str]
+  # MaxText's Llama export mapping: (its module, the names function, the hook-functions function)
+  llama_param_mapping: tuple[str, str, str]
+  # config files: the folder inside the maxtext package, its base file, the model YAMLs' subfolder
+  configs_dir: str
+  base_config: str
+  models_dir: str
+  # the environment prefix pyconfig reads overrides from (M_STEPS=10)
+  env_prefix: str
+  # the patch series' anchors in the pristine files (scripts/make_patch_series.py): the QuantizationType
+  # member after which NVFP4 is added (types.py), and base.yml's quantization comment line it extends
+  patch_anchors: Mapping[str, str]
+  # RoutedMoE.sparse_matmul reads ``quant.quant_dg`` unconditionally (get_quantization_dtypes): our emulated
+  # Quantization then carries a stand-in whose dtypes are None (the gmm wrapper ignores them)
+  sparse_matmul_reads_quant_dg: bool = False

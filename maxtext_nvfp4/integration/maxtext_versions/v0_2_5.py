@@ -1,0 +1,138 @@
+"""MaxText 0.2.5 (the release pinned in pyproject.toml), as the plugin sees it.
+
+Sources: MaxText 0.2.5's wheel -- ``layers/attentions.py``, ``layers/attention_mla.py`` and
+``layers/linears.py`` (projection kernel axes and build order: Attention builds query, key, value, out;
+MlpBlock wi_0, wi_1, wo; MLA wq_a, wq_b (or query), wkv_a, wkv_b), ``layers/moe.py`` (GateLogit's axes:
+("embed", None) from each decoder block, ("embed_router", None) from RoutedAndSharedMoE; RoutedMoE's expert
+einsums asked for at call time with ("exp", "embed_moe", "mlp_moe") / ("exp", "mlp_moe", "embed_moe"), or
+("exp", None, "mlp") / ("exp", "mlp", None) with capacity_factor > 0; its sparse_matmul's ``gmm`` closure
+calls megablox gmm for wi_0, wi_1, wo -- or [wi_0 | wi_1], wo with prefuse_moe_weights), ``models/deepseek.py``
+(routed experts from ``first_num_dense_layers`` on), ``models/llama4.py`` (every
+``interleave_moe_layer_step``-th layer), ``configs/pyconfig.py`` (``_prepare_for_pydantic``'s unknown-key
+message; the keys it rewrites), ``layers/nnx_wrappers.py`` (DenseGeneral's ``nnx.Rngs(params, dropout,
+aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1 mapping and hook chain).
+"""
+
+from maxtext_nvfp4.integration.maxtext_versions.schema import MaxTextVersion, Touch
+
+_TYPES = "maxtext.configs.types"
+_PYCONFIG = "maxtext.configs.pyconfig"
+_QUANTIZATIONS = "maxtext.layers.quantizations"
+_TRAIN = "maxtext.trainers.pre_train.train"
+_METRIC_LOGGER = "maxtext.common.metric_logger"
+_MOE = "maxtext.layers.moe"
+_MEGABLOX = "maxtext.kernels.megablox"
+_PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
+
+TOUCHES: tuple[Touch, ...] = (
+    Touch(module=_TYPES, symbol="QuantizationType",
+          use="str-Enum gains member NVFP4='nvfp4' in place (config_schema.patch_types)"),
+    Touch(module=_TYPES, symbol="MaxTextConfig",
+          use="schema rebuilt; Nvfp4MaxTextConfig subclasses it with the nvfp4_* keys (config_schema.patch_types)"),
+    Touch(module=_TYPES, symbol="Multimodal",
+          use="its fields are known keys for 'did you mean' (config_errors.known_config_keys)"),
+    Touch(module=_PYCONFIG, symbol="_initialize_pydantic",
+          use="wrapped: validates with Nvfp4MaxTextConfig, one-line errors (patches.patch_pyconfig)"),
+    Touch(module=_QUANTIZATIONS, symbol="configure_quantization",
+          use="wrapped: quantization=nvfp4 -> quantization.make_quantization (patches.patch_quantizations)"),
+    Touch(module=_QUANTIZATIONS, symbol="Quantization",
+          use="base class of the emulated Nvfp4Quantization (dot_general_cls, einsum, get_block_size)"),
+    Touch(module=_QUANTIZATIONS, symbol="TransformerEngineQuantization",
+          use="subclassed without its __init__; sets _recipe, _te_comm_gemm_overlap_policy; overrides _wrap"
+              " (te_quantization)"),
+    Touch(module=_QUANTIZATIONS, symbol="TransformerEngineQuantization._wrap",
+          use="extended to serve TE's sr_rng stream (te_quantization)"),
+    Touch(module=_QUANTIZATIONS, symbol="TransformerEngineQuantization.dot_general_cls",
+          use="called for nvfp4/fp8 projections (te_quantization)"),
+    Touch(module=_MOE, symbol="RoutedMoE.sparse_matmul",
+          use="wrapped: when the layer's quant is ours, publishes its expert GEMMs' plan (quant.expert_gemms) while"
+              " MaxText traces the call; reads the instance's quant and config.prefuse_moe_weights (sparse_moe)"),
+    Touch(module=_MOE, symbol="RoutedMoE.get_expert_parallelism_size",
+          use="called by the sparse_matmul wrapper: an expert-parallel mesh is refused (sparse_moe)"),
+    Touch(module=_MEGABLOX, symbol="gmm",
+          use="wrapped (the mblx.gmm layers/moe.py calls): inside such a sparse_matmul, each expert linear runs"
+              " grouped_gemm.ragged_dot; elsewhere MaxText's gmm unchanged (sparse_moe)"),
+    Touch(module=_TRAIN, symbol="train_step",
+          use="wrapped to publish the traced step (step.with_step)"),
+    Touch(module=_TRAIN, symbol="eval_step",
+          use="wrapped to publish the traced step (step.with_step)"),
+    Touch(module=_TRAIN, symbol="main",
+          use="run by python -m maxtext_nvfp4.train (plugin.run_pretrain)"),
+    Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics",
+          use="wrapped: merges nvfp4/* diagnostics into train records (patches.patch_metric_logger)"),
+    Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics_locally",
+          use="replaced: truncate the metrics file once per fresh run, append otherwise"),
+    Touch(module=_METRIC_LOGGER, symbol="_prepare_metrics_for_json",
+          use="called by the replaced write_metrics_locally (same JSON records as MaxText)"),
+    Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF Llama names for the NVFP4 export (checkpoint.to_hf)"),
+    Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF Llama layouts (minus adjust_rope) for the NVFP4 export (checkpoint.to_hf)"),
+    Touch(module="maxtext.input_pipeline.input_pipeline_interface", symbol="create_data_iterator",
+          use="the run's eval batches for the export's calibration (checkpoint.eval_batches)"),
+    Touch(module="maxtext.utils.model_creation_utils", symbol="from_config",
+          use="MaxText's forward of a checkpoint (checkpoint.maxtext_logits)"),
+)
+
+ADAPTER = MaxTextVersion(
+    version="0.2.5",
+    touches=TOUCHES,
+    patched_modules={_TYPES: "types", _PYCONFIG: "pyconfig", _QUANTIZATIONS: "quantizations", _TRAIN: "train",
+                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox"},
+    train_module=_TRAIN,
+    kernel_signatures={
+        ("embed_attn", "q_heads", "kv"): ("query",),
+        ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
+        ("embed_attn", "heads", "kv"): ("qkv_proj",),
+        ("embed_attn", "qkv", "heads", "kv"): ("qkv_proj",),  # fused_qkv (gpt3): one tensor for q, k and v
+        ("embed_attn", "q_lora_up_proj"): ("q_a",),
+        ("q_lora", "q_heads", "kv"): ("q_b",),
+        ("embed_attn", "kv_lora_up_proj"): ("kv_a",),
+        ("kv_lora", "kv_heads", "kv_head_dim"): ("kv_b",),
+        ("heads", "kv", "embed_attn"): ("out",),
+        ("embed", "num_activations", "mlp"): ("wi",),
+        ("mlp", "embed"): ("wo",),
+        ("embed", None): ("router",),
+        ("embed_router", None): ("router",),
+        ("exp", "embed_moe", "mlp_moe"): ("expert_wi_0", "expert_wi_1"),
+        ("exp", "mlp_moe", "embed_moe"): ("expert_wo",),
+        ("exp", None, "mlp"): ("expert_wi_0", "expert_wi_1"),
+        ("exp", "mlp", None): ("expert_wo",),
+    },
+    up_projection_axes=("embed", "mlp"),
+    activation_of_kernel_axis={
+        "embed": "activation_embed",
+        "mlp": "activation_mlp",
+        "heads": "activation_heads",
+        "q_heads": "activation_heads",
+        "kv": "activation_kv",
+        "kv_head_dim": "activation_kv",
+    },
+    activation_row_axes=("activation_batch", "activation_length"),
+    routing_axis_prefix="activation_",
+    moe_layer_rules={"deepseek": ("from", "first_num_dense_layers"), "llama4": ("every", "interleave_moe_layer_step")},
+    expert_kernel_axes=(("exp", "embed_moe", "mlp_moe"), ("exp", "mlp_moe", "embed_moe")),
+    gmm_call_order=(("expert_wi_0",), ("expert_wi_1",), ("expert_wo",)),
+    gmm_call_order_fused=(("expert_wi_0", "expert_wi_1"), ("expert_wo",)),
+    unknown_key_pattern=r"^'([^']+)' not in '",
+    rewritten_keys=frozenset({
+        "logical_axis_rules", "data_sharding", "train_data_columns", "eval_data_columns", "trainable_parameters_mask",
+        "adamw_mask", "tokenizer_path", "run_name", "dump_hlo_local_module_name", "dump_hlo_module_name",
+        "constant_bound_config", "quantization"}),
+    te_sr_source_stream="aqt",
+    te_recipe_attr="_recipe",
+    te_overlap_attr="_te_comm_gemm_overlap_policy",
+    llama_conversion_hooks=frozenset({"scale_query_layer", "adjust_rope", "reshape_kernel"}),
+    llama_conversion_hooks_dropped=frozenset({"adjust_rope"}),
+    llama_param_mapping=(_PARAM_MAPPING, "LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING", "LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN"),
+    configs_dir="configs",
+    base_config="base.yml",
+    models_dir="models",
+    env_prefix="M_",
+    patch_anchors={
+        "quantization_enum_last": '  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n',
+        "base_yml_quantization_comment":
+            "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n",
+    },
+    sparse_matmul_reads_quant_dg=False,  # get_quantization_dtypes: getattr(self.quant, "quant_dg", None)
+)

@@ -1,0 +1,68 @@
+"""The MaxText adapters (integration/maxtext_versions/): one per supported version, chosen by version at
+registration; an unsupported version fails in one line naming the supported ones. Pure (no MaxText import)."""
+
+import dataclasses
+
+import pytest
+
+from maxtext_nvfp4.core import layout as layout_lib
+from maxtext_nvfp4.core import plan
+from maxtext_nvfp4.integration import maxtext_versions
+from maxtext_nvfp4.integration import touchpoints
+
+# One row per supported MaxText version: (version, a decoder_block whose MoE layers start after dense ones)
+ROWS = [("0.2.5", "deepseek")]
+
+
+def test_every_supported_version_has_a_row_here():
+  assert [v for v, _ in ROWS] == list(maxtext_versions.SUPPORTED)
+
+
+@pytest.mark.parametrize("version,moe_block", ROWS)
+def test_each_adapter_is_complete_and_consistent(version, moe_block):
+  a = maxtext_versions.select(version)
+  assert a.version == version
+  # every patched module has its touched symbols listed, and a patch job
+  assert set(a.patched_modules) <= {t.module for t in a.touches}
+  assert set(a.patched_modules.values()) == {"types", "pyconfig", "quantizations", "train", "metric_logger", "moe",
+                                             "megablox"}
+  assert a.train_module in a.patched_modules
+  # the locator names every decoder role from these signatures (each role reachable, none twice per layer)
+  roles = [r for sig in a.kernel_signatures.values() for r in sig] + list(
+      plan.signature_roles(a.up_projection_axes, 2, a.kernel_signatures, a.up_projection_axes))
+  assert set(plan.ROLE_IDS) == set(roles)
+  wi, wo = a.expert_kernel_axes
+  assert a.kernel_signatures[wi] == ("expert_wi_0", "expert_wi_1") and a.kernel_signatures[wo] == ("expert_wo",)
+  assert {r for call in a.gmm_call_order for r in call} == set(plan.EXPERT_ROLES)
+  assert {r for call in a.gmm_call_order_fused for r in call} == set(plan.EXPERT_ROLES)
+  # the MoE layer rules are data core/layout.py interprets
+  cfg = {"num_decoder_layers": 4, "num_experts": 8, "decoder_block": moe_block, "first_num_dense_layers": 1}
+  assert layout_lib.from_config(cfg, moe_layer_rules=a.moe_layer_rules).moe_layers == (1, 2, 3)
+  assert a.llama_conversion_hooks_dropped <= a.llama_conversion_hooks
+
+
+def test_an_unsupported_version_fails_in_one_line_naming_the_supported_ones():
+  with pytest.raises(maxtext_versions.MaxTextVersionError) as e:
+    maxtext_versions.select("0.1.0")
+  msg = str(e.value)
+  assert "\n" not in msg and "0.1.0" in msg
+  assert all(v in msg for v in maxtext_versions.SUPPORTED) and "pip install" in msg
+
+
+def test_the_installed_maxtext_is_supported_and_its_symbols_are_checked():
+  a = touchpoints.adapter()
+  assert a.version == maxtext_versions.installed_version()
+  fake = type("FakeModule", (), {"QuantizationType": object})  # MaxTextConfig missing
+  gone = touchpoints.missing("maxtext.configs.types", fake, a)
+  assert "maxtext.configs.types.MaxTextConfig" in gone and "maxtext.configs.types.QuantizationType" not in gone
+  with pytest.raises(maxtext_versions.MaxTextVersionError, match=r"supports MaxText .*has no maxtext\.configs\.types"):
+    touchpoints.check("maxtext.configs.types", fake, a)
+
+
+def test_a_second_version_is_one_replace_away():
+  """What adding a version looks like: a replace of the predecessor with the fields that differ."""
+  a = maxtext_versions.select(maxtext_versions.SUPPORTED[-1])
+  b = dataclasses.replace(a, version="9.9.9", te_sr_source_stream="quant")
+  assert b.kernel_signatures is a.kernel_signatures and b.te_sr_source_stream == "quant"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    a.version = "x"  # type: ignore[misc]

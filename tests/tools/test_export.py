@@ -1,0 +1,342 @@
+"""``maxtext-nvfp4 export``: a tiny NVFP4-trained MaxText checkpoint -> ModelOpt's NVFP4 HF format.
+
+One module-scoped fixture trains a 3-layer GQA Llama (head_dim 32, so the query's sqrt(head_dim) factor
+is not a power of two) for 2 steps with checkpoints and ``nvfp4_keep_last_layers=1``, then exports it.
+The file is read back with a safetensors reader and an NVFP4 decoder written here from docs/export.md
+(not the package's code), and checked against:
+  * the format: every tensor's name, dtype and shape; fused groups (q/k/v, gate/up) sharing their scales;
+    the two JSON configs vLLM reads;
+  * the numerics: decoded weights == our TE-exact quantizer applied to the trained weights (converted to
+    HF layout here, independently of the exporter), bit for bit; excluded modules == bf16(trained);
+  * the layout: an HF-order Llama forward (core.serving.llama_forward: modeling_llama's operations on
+    HF names) of the decoded export == MaxText's own forward with the same weights put back in MaxText
+    layout, to fp32 tolerance -- names, transposes, RoPE layout and query scaling must all be right;
+  * errors: a bad path or an unsupported model is one line on stderr and exit code 2.
+"""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import maxtext_nvfp4
+from maxtext_helpers import tiny_argv
+
+maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
+
+pytestmark = pytest.mark.slow
+
+MODEL = dict(base_emb_dim=64, base_num_query_heads=4, base_num_kv_heads=2, head_dim=32, base_mlp_dim=128,
+             base_num_decoder_layers=3, vocab_size=256)
+NL, NH, NKV, HD, EMB, MLP, VOCAB = 3, 4, 2, 32, 64, 128, 256
+TRAIN = dict(steps=2, enable_checkpointing=True, async_checkpointing=False, checkpoint_period=1,
+             quantization="nvfp4", nvfp4_keep_last_layers=1, learning_rate=1e-2)
+LINEARS = {"self_attn.q_proj": (NH * HD, EMB), "self_attn.k_proj": (NKV * HD, EMB), "self_attn.v_proj": (NKV * HD, EMB),
+           "self_attn.o_proj": (EMB, NH * HD), "mlp.gate_proj": (MLP, EMB), "mlp.up_proj": (MLP, EMB),
+           "mlp.down_proj": (EMB, MLP)}
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+
+
+def _overrides(out, **extra):
+  return tiny_argv(out, run_name="run", **MODEL, **{**TRAIN, **extra}, skip_jax_distributed_system=True)[2:]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  out = str(tmp_path_factory.mktemp("export"))
+  train.main(tiny_argv(out, run_name="run", **MODEL, **TRAIN, skip_jax_distributed_system=True))
+  hf_dir = os.path.join(out, "hf")
+  rc = export.cli_main([os.path.join(out, "run", "checkpoints"), "--out", hf_dir, "--calibration-batches", "2",
+                        *_overrides(out)])
+  assert rc == 0
+  return {"out": out, "hf": hf_dir, "tensors": read_safetensors(os.path.join(hf_dir, "model.safetensors")),
+          "trained": trained_params(os.path.join(out, "run", "checkpoints", "1", "items"))}
+
+
+# ---- independent readers (from the safetensors spec and docs/export.md) ---------------------------
+_DTYPES = {"U8": np.uint8, "F32": np.float32, "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn"}
+
+
+def read_safetensors(path):
+  """``{name: (dtype string, numpy array)}`` from the raw file: u64 header length, JSON header, data."""
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+
+  with open(path, "rb") as f:
+    raw = f.read()
+  n = struct.unpack("<Q", raw[:8])[0]
+  header = json.loads(raw[8 : 8 + n])
+  assert header.pop("__metadata__") == {"format": "pt"}
+  out = {}
+  for name, h in header.items():
+    dt = _DTYPES[h["dtype"]]
+    dt = getattr(ml_dtypes, dt) if isinstance(dt, str) else dt
+    a, b = h["data_offsets"]
+    out[name] = (h["dtype"], np.frombuffer(raw[8 + n + a : 8 + n + b], dtype=dt).reshape(h["shape"]))
+  return out
+
+
+def decode_nvfp4(weight, weight_scale, weight_scale_2):
+  """fp32 [out, in]: low nibble = even element; bit 3 sign, bits 0-2 index into E2M1; then
+  value * (float(weight_scale) * weight_scale_2) per 16-element block along the input dim."""
+  nibbles = np.empty((weight.shape[0], weight.shape[1] * 2), np.uint8)
+  nibbles[:, 0::2] = weight & 0x0F
+  nibbles[:, 1::2] = weight >> 4
+  values = E2M1[nibbles & 7] * np.where(nibbles & 8, np.float32(-1), np.float32(1))
+  block = weight_scale.astype(np.float32) * np.float32(weight_scale_2)
+  return (values.reshape(weight.shape[0], -1, 16) * block[:, :, None]).reshape(values.shape)
+
+
+def trained_params(items):
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+  return checkpoint.read_params(items)
+
+
+def nested(params):
+  """``{"params-decoder-...": array}`` -> the checkpoint's ``{"params": {"decoder": ...}}`` tree."""
+  tree: dict = {}
+  for key, value in params.items():
+    d = tree
+    *parents, leaf = key.split("-")
+    for part in parents:
+      d = d.setdefault(part, {})
+    d[leaf] = value
+  return tree
+
+
+def hf_layout(p, layer):
+  """The trained MaxText kernels of one layer in HF ``[out, in]`` layout (written from HF's Llama
+  convention: q scaled by sqrt(head_dim) because MaxText folds 1/sqrt(head_dim) into the query kernel)."""
+  k = lambda name: p[f"params-decoder-layers_{layer}-{name}-kernel"]  # noqa: E731
+  return {
+      "self_attn.q_proj": (k("self_attention-query").reshape(EMB, NH * HD) * np.float32(np.sqrt(HD))).T,
+      "self_attn.k_proj": k("self_attention-key").reshape(EMB, NKV * HD).T,
+      "self_attn.v_proj": k("self_attention-value").reshape(EMB, NKV * HD).T,
+      "self_attn.o_proj": k("self_attention-out").reshape(NH * HD, EMB).T,
+      "mlp.gate_proj": k("mlp-wi_0").T, "mlp.up_proj": k("mlp-wi_1").T, "mlp.down_proj": k("mlp-wo").T,
+  }
+
+
+# ---- format ---------------------------------------------------------------------------------------
+def test_every_tensor_has_the_documented_name_dtype_and_shape(exported):
+  t = exported["tensors"]
+  expected = {"model.embed_tokens.weight": ("BF16", (VOCAB, EMB)), "lm_head.weight": ("BF16", (VOCAB, EMB)),
+              "model.norm.weight": ("BF16", (EMB,))}
+  for i in range(NL):
+    p = f"model.layers.{i}."
+    expected[p + "input_layernorm.weight"] = ("BF16", (EMB,))
+    expected[p + "post_attention_layernorm.weight"] = ("BF16", (EMB,))
+    for name, (o, n) in LINEARS.items():
+      if i == NL - 1:  # nvfp4_keep_last_layers=1: trained in bf16, exported in bf16
+        expected[p + name + ".weight"] = ("BF16", (o, n))
+        continue
+      expected[p + name + ".weight"] = ("U8", (o, n // 2))
+      expected[p + name + ".weight_scale"] = ("F8_E4M3", (o, n // 16))
+      expected[p + name + ".weight_scale_2"] = ("F32", ())
+      expected[p + name + ".input_scale"] = ("F32", ())
+  assert {k: (d, a.shape) for k, (d, a) in t.items()} == expected
+
+
+def test_fused_groups_share_their_global_scales_and_scales_are_positive(exported):
+  t = exported["tensors"]
+  for i in range(NL - 1):
+    p = f"model.layers.{i}."
+    for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("mlp.gate_proj", "mlp.up_proj")):
+      for key in ("weight_scale_2", "input_scale"):
+        vals = {float(t[f"{p}{g}.{key}"][1]) for g in group}
+        assert len(vals) == 1 and all(np.isfinite(v) and v > 0 for v in vals), (p, group, key, vals)
+    # different inputs, different calibrated scales (o_proj sees attention outputs, q_proj normed states)
+    assert float(t[p + "self_attn.o_proj.input_scale"][1]) != float(t[p + "self_attn.q_proj.input_scale"][1])
+
+
+def test_configs_are_what_vllms_modelopt_loader_reads(exported):
+  with open(os.path.join(exported["hf"], "hf_quant_config.json"), encoding="utf-8") as f:
+    legacy = json.load(f)
+  with open(os.path.join(exported["hf"], "config.json"), encoding="utf-8") as f:
+    config = json.load(f)
+  excluded = ["lm_head"] + [f"model.layers.{NL - 1}.{n}" for n in LINEARS]
+  q = legacy["quantization"]
+  assert q["quant_algo"] == "NVFP4" and q["group_size"] == 16 and q["kv_cache_quant_algo"] is None
+  assert sorted(q["exclude_modules"]) == sorted(excluded)
+  qc = config["quantization_config"]
+  assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == "NVFP4" and sorted(qc["ignore"]) == sorted(excluded)
+  assert qc["config_groups"]["group_0"]["weights"] == {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
+  assert (config["architectures"], config["num_key_value_heads"], config["head_dim"]) == (["LlamaForCausalLM"], NKV, HD)
+  assert (config["hidden_size"], config["intermediate_size"], config["vocab_size"]) == (EMB, MLP, VOCAB)
+
+
+# ---- numerics -------------------------------------------------------------------------------------
+def test_decoded_export_is_our_nvfp4_of_the_trained_weights_bit_for_bit(exported):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import nvfp4  # pylint: disable=import-outside-toplevel
+
+  t, p = exported["tensors"], exported["trained"]
+  for i in range(NL - 1):
+    hf = hf_layout(p, i)
+    for group in (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), ("self_attn.o_proj",),
+                  ("mlp.gate_proj", "mlp.up_proj"), ("mlp.down_proj",)):
+      fused = np.concatenate([hf[g] for g in group], axis=0)
+      ref = np.asarray(nvfp4.dequantize(nvfp4.quantize(jnp.asarray(fused), axis=-1)))
+      got = np.concatenate([decode_nvfp4(*(t[f"model.layers.{i}.{g}.{s}"][1] for s in
+                                           ("weight", "weight_scale", "weight_scale_2"))) for g in group], axis=0)
+      np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"layer {i} {group}")
+      # and the quantization is not the identity: NVFP4 moved most weights
+      assert np.mean(got != fused) > 0.5
+
+
+def test_excluded_modules_are_bf16_of_the_trained_weights(exported):
+  import ml_dtypes  # pylint: disable=import-outside-toplevel
+
+  t, p = exported["tensors"], exported["trained"]
+  bf16 = lambda a: np.asarray(a, np.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+  hf = hf_layout(p, NL - 1)
+  for name in LINEARS:
+    np.testing.assert_array_equal(t[f"model.layers.{NL - 1}.{name}.weight"][1], bf16(hf[name]))
+  np.testing.assert_array_equal(t["lm_head.weight"][1], bf16(p["params-decoder-logits_dense-kernel"].T))
+  np.testing.assert_array_equal(t["model.embed_tokens.weight"][1], bf16(p["params-token_embedder-embedding"]))
+  np.testing.assert_array_equal(t["model.layers.0.input_layernorm.weight"][1],
+                                bf16(p["params-decoder-layers_0-pre_self_attention_layer_norm-scale"]))
+
+
+# ---- layout: HF-order forward of the export == MaxText's forward of the same weights ----------------
+def _decoded_hf_weights(t):
+  w = {}
+  for name, (dtype, a) in t.items():
+    if name.endswith(".weight") and dtype == "U8":
+      base = name[: -len(".weight")]
+      w[name] = decode_nvfp4(a, t[base + ".weight_scale"][1], t[base + ".weight_scale_2"][1])
+    elif dtype == "BF16":
+      w[name] = a.astype(np.float32)
+  return w
+
+
+def _to_maxtext(w):
+  """HF [out, in] weights back to the MaxText checkpoint tree (inverse of hf_layout)."""
+  d = {"token_embedder": {"embedding": w["model.embed_tokens.weight"]},
+       "decoder": {"decoder_norm": {"scale": w["model.norm.weight"]},
+                   "logits_dense": {"kernel": w["lm_head.weight"].T}}}
+  for i in range(NL):
+    g = lambda n: w[f"model.layers.{i}.{n}.weight"]  # noqa: E731
+    d["decoder"][f"layers_{i}"] = {
+        "pre_self_attention_layer_norm": {"scale": g("input_layernorm")},
+        "post_self_attention_layer_norm": {"scale": g("post_attention_layernorm")},
+        "self_attention": {
+            "query": {"kernel": (g("self_attn.q_proj").T / np.float32(np.sqrt(HD))).reshape(EMB, NH, HD)},
+            "key": {"kernel": g("self_attn.k_proj").T.reshape(EMB, NKV, HD)},
+            "value": {"kernel": g("self_attn.v_proj").T.reshape(EMB, NKV, HD)},
+            "out": {"kernel": g("self_attn.o_proj").T.reshape(NH, HD, EMB)}},
+        "mlp": {"wi_0": {"kernel": g("mlp.gate_proj").T}, "wi_1": {"kernel": g("mlp.up_proj").T},
+                "wo": {"kernel": g("mlp.down_proj").T}}}
+  return {"params": d}
+
+
+def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(exported):
+  from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+  with open(os.path.join(exported["hf"], "config.json"), encoding="utf-8") as f:
+    c = json.load(f)
+  w = _decoded_hf_weights(exported["tensors"])
+  tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 64))
+  shape = serving.LlamaShape(num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+                             num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
+                             rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"])
+  hf_logits = np.asarray(serving.llama_forward(w, shape, tokens)[0])
+  config = checkpoint.load_config(_overrides(exported["out"], quantization="", dtype="float32",
+                                             matmul_precision="highest"))
+  mt_logits = checkpoint.maxtext_logits(config, _to_maxtext(w), tokens)
+  assert np.abs(hf_logits).max() > 1.0
+  np.testing.assert_allclose(hf_logits, mt_logits, atol=2e-4 * np.abs(mt_logits).max(), rtol=0)
+  # The round trip above cannot see a layout error that hf_layout and its inverse share (e.g. the same
+  # permutation of q and k rows). Ground truth: MaxText's forward of the trained checkpoint itself vs the
+  # HF forward of the exporter's conversion of it, and that conversion is hf_layout bit for bit (the
+  # layout the bit-for-bit test quantizes).
+  model = checkpoint.to_hf(checkpoint.find_items(os.path.join(exported["out"], "run", "checkpoints")), config)
+  for i in range(NL):
+    for name, a in hf_layout(exported["trained"], i).items():
+      np.testing.assert_array_equal(model.tensors[f"model.layers.{i}.{name}.weight"], a, err_msg=name)
+  mt_trained = checkpoint.maxtext_logits(config, nested(exported["trained"]), tokens)
+  hf_trained = np.asarray(serving.llama_forward(model.tensors, shape, tokens)[0])
+  np.testing.assert_allclose(hf_trained, mt_trained, atol=2e-4 * np.abs(mt_trained).max(), rtol=0)
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+def test_bad_checkpoint_path_is_one_line_and_exit_2(exported, tmp_path, capsys):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  assert export.cli_main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "no such directory" in err[0] and "nope" in err[0]
+  assert export.cli_main([str(tmp_path), "--out", str(tmp_path / "o")]) == 2  # a dir with no checkpoint
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "no committed MaxText checkpoint" in err[0]
+
+
+def test_unsupported_model_is_one_line_and_exit_2(exported, tmp_path, capsys):
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  ckpt = os.path.join(exported["out"], "run", "checkpoints")
+  rc = export.cli_main([ckpt, "--out", str(tmp_path / "o"), *_overrides(exported["out"]), "fused_qkv=true"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert rc == 2 and len(err) == 1 and "unsupported model" in err[0] and "fused_qkv" in err[0], err
+  assert not os.path.exists(tmp_path / "o")
+
+
+# ---- eval-quantized ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def evaluated(exported):
+  from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  out = exported["out"]
+  path = os.path.join(out, "eval.json")
+  assert eval_quantized.cli_main([os.path.join(out, "run", "checkpoints"), "--eval-batches", "2", "--json", path,
+                                  *_overrides(out)]) == 0
+  with open(path, encoding="utf-8") as f:
+    result = json.load(f)
+  # MaxText's own eval loss of the checkpoint on the same batches: its forward (bf16 compute, as the run
+  # trained) and its loss (cross-entropy over targets_segmentation != 0, summed / token count).
+  config = checkpoint.load_config(_overrides(out, quantization=""))
+  tree = nested(exported["trained"])
+  total, count = 0.0, 0.0
+  for b in checkpoint.eval_batches(config, 2):
+    logits = checkpoint.maxtext_logits(config, tree, b["inputs"], b["inputs_position"], b["inputs_segmentation"])
+    s, n = serving.token_losses(logits, b["targets"], b["targets_segmentation"])
+    total, count = total + float(s), count + float(n)
+  return {"result": result, "maxtext_loss": total / count, "maxtext_tokens": count}
+
+
+def test_eval_quantized_bf16_mode_is_maxtexts_eval_loss(evaluated):
+  r = evaluated["result"]
+  assert r["tokens"] == evaluated["maxtext_tokens"] > 0
+  # bf16 GEMM operands here (fp32 elsewhere) vs MaxText's bf16 activations everywhere: equal to bf16
+  # tolerance (2**-8 = 0.4% per value; measured 0.24% of the loss). A wrong name, layout or norm moves
+  # the loss by tens of percent (the untrained model's loss is ~ln(256) = 5.5).
+  assert abs(r["losses"]["bf16"] - evaluated["maxtext_loss"]) < 1e-2 * evaluated["maxtext_loss"], (r, evaluated)
+
+
+def test_eval_quantized_low_precision_modes_differ_and_are_finite(evaluated):
+  losses = evaluated["result"]["losses"]
+  assert set(losses) == {"bf16", "nvfp4-w4a16", "nvfp4-w4a4", "fp8"}
+  assert all(np.isfinite(v) for v in losses.values())
+  for mode in ("nvfp4-w4a16", "nvfp4-w4a4", "fp8"):
+    assert losses[mode] != losses["bf16"], mode
+  # quantizing the activations too changes the loss again
+  assert losses["nvfp4-w4a4"] != losses["nvfp4-w4a16"]
+  assert evaluated["result"]["served_linears"] == 7 * (NL - 1)  # the kept last layer is not served in NVFP4
+
+
+def test_eval_quantized_bad_checkpoint_is_one_line_and_exit_2(tmp_path, capsys):
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  assert eval_quantized.cli_main([str(tmp_path / "missing")]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("maxtext-nvfp4 eval-quantized: error:") and "missing" in err[0]

@@ -1,0 +1,116 @@
+"""`python -m maxtext_nvfp4.train` stops at once on recipes this machine cannot run, and prepares runs/."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from maxtext_nvfp4.tools import recipes
+from maxtext_nvfp4.tools import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.parametrize("recipe,suggestion", [
+    ("recipes/llama3_8b_fp8.yml", "demo_bf16.yml"),
+    ("recipes/llama3_8b_nvfp4.yml", "demo_nvfp4.yml"),
+])
+def test_blackwell_recipe_stops_before_maxtext_with_the_proxy_named(recipe, suggestion):
+  te, cc = recipes.detect_hardware()
+  if te and cc and cc >= 10.0:
+    pytest.skip("this machine can run the Blackwell recipes")
+  t0 = time.time()
+  p = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.train", recipe], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 2, p.stderr[-2000:]
+  lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+  assert len(lines) == 1 and suggestion in lines[0] and "Transformer Engine" in lines[0], p.stderr
+  assert "completed step" not in p.stdout
+  assert time.time() - t0 < 60
+
+
+def test_cpu_recipes_pass_the_hardware_check():
+  assert train.hardware_error(["recipes/demo_nvfp4.yml"]) is None
+  assert train.hardware_error(["recipes/demo_bf16.yml", "steps=3"]) is None
+
+
+def test_metrics_file_folder_is_created(tmp_path):
+  target = tmp_path / "a" / "b" / "metrics.jsonl"
+  train.ensure_metrics_dir([os.path.join(ROOT, "recipes/demo_nvfp4.yml"), f"metrics_file={target}"])
+  assert target.parent.is_dir()
+  train.ensure_metrics_dir([f"metrics_file={tmp_path / 'c' / 'm.jsonl'}"])
+  assert (tmp_path / "c").is_dir()
+
+
+def test_single_host_cpu_checkpointing_skips_jax_distributed(monkeypatch):
+  monkeypatch.delenv("JAX_COORDINATOR_ADDRESS", raising=False)
+  monkeypatch.setattr(train, "_accelerator_present", lambda: False)
+  demo = os.path.join(ROOT, "recipes/demo_nvfp4.yml")
+  out = train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true"])
+  assert out[-1] == "skip_jax_distributed_system=true"
+  # the user's choice, multi-process hardware and disabled checkpointing are left alone
+  assert train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true", "skip_jax_distributed_system=false"])[-1] \
+      == "skip_jax_distributed_system=false"
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults(
+      [demo, "enable_checkpointing=true", "hardware=gpu_multiprocess"])
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=false"])
+  monkeypatch.setattr(train, "_accelerator_present", lambda: True)
+  assert "skip_jax_distributed_system=true" not in train.with_single_host_cpu_defaults([demo, "enable_checkpointing=true"])
+
+
+def test_default_tokenizer_only_when_the_whole_chain_sets_none(tmp_path, monkeypatch, capsys):
+  monkeypatch.delenv("M_TOKENIZER_PATH", raising=False)
+  (tmp_path / "base2.yml").write_text("base_config: base.yml\ntokenizer_path: my/tok\n")
+  (tmp_path / "a.yml").write_text("base_config: base2.yml\n")  # set two levels down: no default added
+  (tmp_path / "b.yml").write_text("base_config: base.yml\n")
+  assert train.with_default_tokenizer([str(tmp_path / "a.yml")]) == [str(tmp_path / "a.yml")]
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml")])[-1].startswith("tokenizer_path=")
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml"), "tokenizer_path=x"])[-1] == "tokenizer_path=x"
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml"), "model_name=llama2-7b"])[-1] == "model_name=llama2-7b"
+  monkeypatch.setenv("M_TOKENIZER_PATH", "env/tok")
+  assert train.with_default_tokenizer([str(tmp_path / "b.yml")]) == [str(tmp_path / "b.yml")]
+  assert capsys.readouterr().out.count("no tokenizer_path given") == 1
+
+
+def test_packaged_name_resolves_to_the_packaged_file_for_maxtext(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # a pip user's empty directory
+  (tmp_path / "data" / "embedded").mkdir(parents=True)
+  for split in ("train", "eval"):
+    (tmp_path / "data" / "embedded" / f"{split}-0.parquet").write_bytes(b"")
+  for name in ("demo_nvfp4", "demo_nvfp4.yml"):
+    args, cfg = train.check_command_line([name, "steps=2"])
+    assert args == [os.path.join(recipes.PACKAGED_RECIPES, "demo_nvfp4.yml"), "steps=2"]
+    assert cfg["steps"] == 2 and cfg["quantization"] == "nvfp4"
+
+
+def test_version_and_recipe_list(capsys):
+  assert train.cli_main(["--version"]) == 0 and capsys.readouterr().out.startswith("maxtext-nvfp4 ")
+  assert train.cli_main(["--list"]) == 0
+  out = capsys.readouterr().out
+  assert all(f"{n} " in out for n in ("demo_nvfp4", "llama3_8b_nvfp4", "proxy_1gpu_fp8")) and "_base" not in out
+
+
+def test_start_up_lines_reach_the_console_once(capsys, caplog):
+  """The backend line and the GEMM table: printed once to stdout, no INFO record (MaxText's absl handler
+  would print that to the console a second time)."""
+  import logging  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.integration.log_once import log_once  # pylint: disable=import-outside-toplevel
+
+  text = "maxtext-nvfp4: test line for log_once"
+  with caplog.at_level(logging.INFO):
+    log_once(text)
+    log_once(text)
+  assert capsys.readouterr().out.count(text) == 1
+  assert not [r for r in caplog.records if text in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", [os.path.basename(p)[:-4] for p in recipes.list_recipes()])
+def test_type_check_accepts_every_packaged_recipe(name):
+  """The start-up type check may refuse only what MaxText refuses: every packaged recipe passes it."""
+  from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
+
+  r = recipes.resolve([name])
+  assert config_errors.field_error(r.values, list(r.sources)) is None
