@@ -13,6 +13,9 @@ the plugin passes both through):
   (moe.py:3308; 0.2.5: ("embed_router", None)), so the router's GateLogit carries those axes; the decoder
   blocks' own GateLogit axes ("embed", None) are unchanged. ``sparse_matmul``'s
   ``get_quantization_dtypes`` (moe.py:1473) reads ``self.quant.quant_dg`` whenever a quantization is set.
+* ``trainers/pre_train/train.py``: the ahead-of-time ``p_train_step.lower(...).compile()`` (train.py:978) only
+  feeds the memory statistics; the loop calls ``p_train_step`` itself, which traces the step a second time
+  (0.2.5 runs the compiled executable): per-trace counts are twice the per-step ones.
 * ``configs/types.py`` / ``configs/base.yml``: no ``serve_fp8_weight`` mode (nor ``te_no_quant``): the patch
   series inserts ``nvfp4`` after ``TE_NVFP4_NO_RHT``, the last member, and its base.yml comment after the
   ``fp8_full`` line.
@@ -53,4 +56,5 @@ ADAPTER = dataclasses.replace(
         "base_yml_quantization_comment": "# 'fp8_full' for fp8 quantization with static scaling.\n",
     },
     sparse_matmul_reads_quant_dg=True,  # get_quantization_dtypes: quant_dg = self.quant.quant_dg
+    train_step_traces_per_run=2,  # train.py:978 lowers for memory_analysis only; the loop calls p_train_step
 )
