@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.tools import cli
 from maxtext_nvfp4.tools import patching
 from maxtext_nvfp4.core import settings
@@ -271,7 +272,9 @@ def test_half_applied_tree_is_refused_with_nothing_changed(pkg, series, capsys):
 
 def test_locally_edited_context_is_a_conflict_not_a_fuzzy_apply(pkg, capsys):
   types_py = pkg / "configs" / "types.py"
-  types_py.write_text(types_py.read_text().replace('  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n', ""))
+  # a context line of the enum hunk (the member NVFP4 is added after), deleted locally
+  anchor = maxtext_versions.select(VERSION).patch_anchors["quantization_enum_last"]
+  types_py.write_text(types_py.read_text().replace(anchor, ""))
   before = _tree_hashes(pkg)
   st = patching.status(pkg)
   assert st["state"] == patching.PARTIAL and any(v.startswith("conflict") for v in st["files"].values())
