@@ -72,7 +72,10 @@ def _config_error_types() -> tuple[type, ...]:
 
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
-  return (settings.SettingsError, pydantic.ValidationError, capability.BackendError, recipes.RecipeError)
+  from maxtext_nvfp4.integration import maxtext_versions  # pylint: disable=import-outside-toplevel
+
+  return (settings.SettingsError, pydantic.ValidationError, capability.BackendError, recipes.RecipeError,
+          maxtext_versions.MaxTextVersionError)
 
 
 def _main_exit_2_on_config_error(argv):

@@ -1,7 +1,11 @@
 """The MaxText adapters (integration/maxtext_versions/): one per supported version, chosen by version at
-registration; an unsupported version fails in one line naming the supported ones. Pure (no MaxText import)."""
+registration; an unsupported version fails in one line naming the supported ones. Pure (no MaxText import),
+except the one subprocess that fakes the installed version."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -11,7 +15,7 @@ from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.integration import touchpoints
 
 # One row per supported MaxText version: (version, a decoder_block whose MoE layers start after dense ones)
-ROWS = [("0.2.5", "deepseek")]
+ROWS = [("0.2.4", "deepseek"), ("0.2.5", "deepseek")]
 
 
 def test_every_supported_version_has_a_row_here():
@@ -66,3 +70,36 @@ def test_a_second_version_is_one_replace_away():
   assert b.kernel_signatures is a.kernel_signatures and b.te_sr_source_stream == "quant"
   with pytest.raises(dataclasses.FrozenInstanceError):
     a.version = "x"  # type: ignore[misc]
+
+
+# A process whose `importlib.metadata.version("maxtext")` answers 0.1.0 (the lookup select() makes), then:
+# register() directly, and the documented entry point's command line.
+_FAKE_VERSION = """
+import sys
+from importlib import metadata
+real = metadata.version
+metadata.version = lambda name: "0.1.0" if name == "maxtext" else real(name)
+import maxtext_nvfp4
+from maxtext_nvfp4.integration import maxtext_versions
+try:
+  maxtext_nvfp4.register()
+except maxtext_versions.MaxTextVersionError as e:
+  print("REGISTER " + str(e))
+from maxtext_nvfp4.tools import train
+print("RC", train.cli_main([sys.argv[1], "steps=1"]))
+"""
+
+
+def test_an_unsupported_installed_maxtext_fails_at_registration_in_one_line_naming_the_supported_ones():
+  recipe = os.path.join(os.path.dirname(__file__), "..", "..", "recipes", "demo_nvfp4.yml")
+  p = subprocess.run([sys.executable, "-c", _FAKE_VERSION, recipe], capture_output=True, text=True, timeout=300,
+                     env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=False)
+  lines = p.stdout.splitlines()
+  register = [ln for ln in lines if ln.startswith("REGISTER ")]
+  assert len(register) == 1, p.stdout + p.stderr
+  assert "0.1.0" in register[0] and " and ".join(maxtext_versions.SUPPORTED) in register[0], register[0]
+  assert {"0.2.4", "0.2.5"} <= set(maxtext_versions.SUPPORTED)
+  # the command line: exit 2, one line on stderr, no traceback
+  assert lines[-1] == "RC 2", p.stdout + p.stderr
+  err = p.stderr.strip().splitlines()
+  assert len(err) == 1 and "supports MaxText 0.2.4 and 0.2.5" in err[0] and "0.1.0" in err[0], p.stderr

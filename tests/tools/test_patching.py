@@ -1,4 +1,4 @@
-"""The MaxText 0.2.5 patch series and ``maxtext-nvfp4 patch`` (apply / --check / --revert).
+"""The installed MaxText's patch series and ``maxtext-nvfp4 patch`` (apply / --check / --revert).
 
 Never touches the installed MaxText: every write test works on a copy of the package in tmp_path. The
 series generator (scripts/make_patch_series.py) is loaded from its file.
@@ -22,13 +22,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.tools import cli
 from maxtext_nvfp4.tools import patching
 from maxtext_nvfp4.core import settings
 
 REPO = Path(__file__).resolve().parents[2]
-SERIES_DIR = REPO / "patches" / "maxtext-0.2.5"
 INSTALLED = Path(importlib.util.find_spec("maxtext").submodule_search_locations[0])
+# The installed MaxText's release (the support matrix runs this file on each supported one) and its series.
+VERSION = patching.maxtext_version(INSTALLED)
+SERIES_DIR = REPO / "patches" / f"maxtext-{VERSION}"
 PY = sys.executable
 
 
@@ -61,7 +64,7 @@ def pkg(tmp_path) -> Path:
   """A pristine copy of the installed maxtext package (no __pycache__), as <tmp>/site/maxtext."""
   dst = tmp_path / "site" / "maxtext"
   shutil.copytree(INSTALLED, dst, ignore=shutil.ignore_patterns("__pycache__"))
-  assert patching.maxtext_version(dst) == "0.2.5"
+  assert patching.maxtext_version(dst) == VERSION
   return dst
 
 
@@ -96,7 +99,7 @@ def _added_lines(p: patching.Patch, path: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def series() -> list[patching.Patch]:
-  return patching.load_series("0.2.5")
+  return patching.load_series(VERSION)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -175,7 +178,7 @@ def test_committed_series_matches_a_regeneration_from_settings(tmp_path, series)
     pytest.skip("git not installed")
   out = _load_generator().build_series(INSTALLED, tmp_path / "gen")
   regenerated = [patching.parse_patch(p.read_text(encoding="utf-8"), p.name) for p in sorted(out)]
-  assert regenerated == series, "patches/maxtext-0.2.5 is stale: run `.venv/bin/python scripts/make_patch_series.py`"
+  assert regenerated == series, f"patches/maxtext-{VERSION} is stale: run `.venv/bin/python scripts/make_patch_series.py`"
   for p in sorted(out):  # byte for byte, commit headers included (a fixed author and date)
     assert p.read_bytes() == (SERIES_DIR / p.name).read_bytes(), p.name
 
@@ -214,7 +217,7 @@ def test_apply_check_idempotent_and_revert_byte_identical(pkg, capsys):
   assert rc == 0 and "applied 3 patches" in out
   assert (pkg / "train.py").is_file() and "nvfp4_backend" in (pkg / "configs/base.yml").read_text()
   st = patching.status(pkg)
-  assert st["state"] == patching.APPLIED and st["maxtext_version"] == "0.2.5"
+  assert st["state"] == patching.APPLIED and st["maxtext_version"] == VERSION
   rc, out = _patch(["--check", "--target", str(pkg)], capsys)
   assert rc == 0 and out.startswith("applied")
   changed = {k for k, v in _tree_hashes(pkg).items() if before.get(k) != v}
@@ -236,10 +239,11 @@ def test_apply_check_idempotent_and_revert_byte_identical(pkg, capsys):
 
 def test_wrong_version_is_refused_with_nothing_changed(pkg, capsys):
   vfile = pkg / "version.py"
-  vfile.write_text(vfile.read_text().replace('__version__ = "0.2.5"', '__version__ = "0.2.4"'))
+  vfile.write_text(vfile.read_text().replace(f'__version__ = "{VERSION}"', '__version__ = "0.2.3"'))
   before = _tree_hashes(pkg)
   rc, out = _patch(["--target", str(pkg)], capsys)
-  assert rc == 2 and "MaxText 0.2.4" in out and "not supported" in out and "0.2.5" in out
+  assert rc == 2 and "MaxText 0.2.3" in out and "not supported" in out
+  assert all(v in out for v in patching.supported_versions()) and {"0.2.4", "0.2.5"} <= set(patching.supported_versions())
   assert _tree_hashes(pkg) == before
   assert _patch(["--check", "--target", str(pkg)], capsys)[0] == 2
   assert patching.status(pkg)["state"] == patching.UNKNOWN_VERSION
@@ -268,7 +272,9 @@ def test_half_applied_tree_is_refused_with_nothing_changed(pkg, series, capsys):
 
 def test_locally_edited_context_is_a_conflict_not_a_fuzzy_apply(pkg, capsys):
   types_py = pkg / "configs" / "types.py"
-  types_py.write_text(types_py.read_text().replace('  SERVE_FP8_WEIGHT = "serve_fp8_weight"\n', ""))
+  # a context line of the enum hunk (the member NVFP4 is added after), deleted locally
+  anchor = maxtext_versions.select(VERSION).patch_anchors["quantization_enum_last"]
+  types_py.write_text(types_py.read_text().replace(anchor, ""))
   before = _tree_hashes(pkg)
   st = patching.status(pkg)
   assert st["state"] == patching.PARTIAL and any(v.startswith("conflict") for v in st["files"].values())
@@ -329,7 +335,7 @@ def test_read_only_target_fails_cleanly(pkg, capsys, monkeypatch):
 
 def test_targets_and_status_of_the_installed_maxtext_are_read_only_probes(tmp_path):
   st = patching.status()  # the real install: only read
-  assert st["target"] == str(INSTALLED.resolve()) and st["maxtext_version"] == "0.2.5"
+  assert st["target"] == str(INSTALLED.resolve()) and st["maxtext_version"] == VERSION
   assert st["state"] in (patching.APPLIED, patching.NOT_APPLIED)
   bad = patching.status(tmp_path)
   assert bad["state"] == patching.ERROR and "neither a MaxText checkout" in bad["message"]

@@ -15,14 +15,14 @@ there, in one line naming the supported ones.
 
 from __future__ import annotations
 
-from maxtext_nvfp4.integration.maxtext_versions import v0_2_5
+from maxtext_nvfp4.integration.maxtext_versions import v0_2_4, v0_2_5
 from maxtext_nvfp4.integration.maxtext_versions.schema import MaxTextVersion, MaxTextVersionError, Touch
 
 __all__ = ["MaxTextVersion", "MaxTextVersionError", "Touch", "SUPPORTED", "installed_version", "select"]
 
 
 # the supported releases, oldest first: one file each (the only list to extend)
-_ADAPTERS: dict[str, MaxTextVersion] = {a.version: a for a in (v0_2_5.ADAPTER,)}
+_ADAPTERS: dict[str, MaxTextVersion] = {a.version: a for a in (v0_2_4.ADAPTER, v0_2_5.ADAPTER)}
 SUPPORTED: tuple[str, ...] = tuple(_ADAPTERS)
 
 

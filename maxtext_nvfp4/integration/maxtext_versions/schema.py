@@ -78,3 +78,7 @@ class MaxTextVersion:
   # RoutedMoE.sparse_matmul reads ``quant.quant_dg`` unconditionally (get_quantization_dtypes): our emulated
   # Quantization then carries a stand-in whose dtypes are None (the gmm wrapper ignores them)
   sparse_matmul_reads_quant_dg: bool = False
+  # how many times one ``train.main`` run traces the train step: 0.2.5 lowers and compiles it once and runs that
+  # executable; 0.2.4 compiles a lowering for its memory statistics only, and its loop's first call traces again
+  # (per-trace counts -- traced GEMMs, gmm calls -- are this many times the per-step ones)
+  train_step_traces_per_run: int = 1

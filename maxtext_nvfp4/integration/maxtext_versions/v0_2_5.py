@@ -135,4 +135,5 @@ ADAPTER = MaxTextVersion(
             "# 'serve_fp8_weight' to load and use FP8 checkpoint directly at inference time.\n",
     },
     sparse_matmul_reads_quant_dg=False,  # get_quantization_dtypes: getattr(self.quant, "quant_dg", None)
+    train_step_traces_per_run=1,  # train.py: `compiled = p_train_step.lower(...).compile()` is what the loop runs
 )
