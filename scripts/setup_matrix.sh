@@ -37,7 +37,10 @@ out, pins = sys.argv[1], sys.argv[2:]
 name = lambda req: re.split(r"[\s\[<>=!~;]", req, maxsplit=1)[0].lower().replace("_", "-")
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
 replaced = {name(p): p for p in pins}
-deps = [replaced.get(name(d), d) for d in project["dependencies"] + project["optional-dependencies"]["dev"]]
+# The dev extras' jax-cuda12 compiler plugin is pinned to the main pair's jaxlib (deviceless XLA:GPU compiles,
+# the gpu stage): a plugin of another jaxlib's version has no place beside jax 0.11.2.
+deps = [replaced.get(name(d), d) for d in project["dependencies"] + project["optional-dependencies"]["dev"]
+        if not name(d).startswith("jax-cuda")]
 missing = set(replaced) - {name(d) for d in deps}
 if missing:
   sys.exit(f"setup_matrix: pyproject.toml pins none of {sorted(missing)}; MATRIX_PINS names a package it does not list")
