@@ -153,7 +153,7 @@ def test_ragged_dot_path_is_refused_at_start_up_in_one_line(runs):
   r = runs["cli"]
   assert r["rc"] == 2, r["stderr"][-3000:]
   lines = [ln for ln in r["stderr"].splitlines() if ln.strip()]
-  assert lines[-1].startswith("MAXTEXT CONFIG ERROR: quantization=nvfp4 with sparse_matmul=true and megablox=false")
+  assert "quantization=nvfp4 with sparse_matmul=true and megablox=false" in lines[-1], lines[-1]  # refused before MaxText starts (tools/train) or by the plugin
   assert "set megablox=true" in lines[-1] and "Traceback" not in r["stdout"] + r["stderr"]
   assert "Compiling" not in r["stdout"] + r["stderr"] and "completed step" not in r["stdout"]
 

@@ -271,8 +271,8 @@ def test_maxtext_model_loss_and_grads_are_nan_with_a_nan_weight():
   loss, grads = loss_and_grads(model)
   assert np.isfinite(float(loss))
   assert all(_all_finite(g) for g in jax.tree_util.tree_leaves(grads))
-  traced = traced.traced_gemms()
-  assert {(l, r) for (l, r, p, _) in traced if p == ("nvfp4",) * 3} >= {(0, "wi_0"), (0, "wi_1"), (0, "wo")}
+  seen = traced.traced_gemms()
+  assert {(l, r) for (l, r, p, _) in seen if p == ("nvfp4",) * 3} >= {(0, "wi_0"), (0, "wi_1"), (0, "wo")}
 
   kernel = model.decoder.layers_0.mlp.wi_0.kernel
   kernel[...] = kernel[...].at[0, 0].set(jnp.nan)
