@@ -82,7 +82,8 @@ def llama_export(tmp_path_factory):
   train.main(tiny_argv(out, run_name="run", **MODEL, **TRAIN, skip_jax_distributed_system=True))
   hf_dir = os.path.join(out, "hf")
   ckpt = os.path.join(out, "run", "checkpoints")
-  assert export.cli_main([ckpt, "--out", hf_dir, "--calibration-batches", "1", *_overrides(out)]) == 0
+  assert export.cli_main([ckpt, "--out", hf_dir, "--calibration-batches", "1", "--calibrate-on-synthetic",
+                          *_overrides(out)]) == 0
   config = checkpoint.load_config(_overrides(out))
   model = checkpoint.to_hf(checkpoint.find_items(ckpt), config)
   tokens = np.random.default_rng(0).integers(0, MODEL["vocab_size"], (2, 32))
