@@ -1,5 +1,7 @@
-"""NVFP4 serving format (ModelOpt's unified HF checkpoint, what vLLM / SGLang / TensorRT-LLM load) and a
-reference Llama forward in Hugging Face's layout. Pure math: no MaxText, no file I/O.
+"""NVFP4 serving tensors (ModelOpt's unified HF checkpoint, what vLLM / SGLang / TensorRT-LLM load) and the
+serving modes of ``eval-quantized``. Pure math: no MaxText, no file I/O. The reference forward in HF's
+layout is :mod:`maxtext_nvfp4.core.hf_forward`; the two checkpoint formats' names and JSON are
+:mod:`maxtext_nvfp4.core.serving_formats`.
 
 Per quantized linear ``W`` (HF layout ``[out, in]``; sources and commits in docs/export.md):
 
@@ -29,11 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import hf_forward
 from maxtext_nvfp4.core import nvfp4
 
 GROUP_SIZE = nvfp4.BLOCK  # 16: ModelOpt's group_size / vLLM's NVFP4 group size
-# HF projections that serving engines fuse into one GEMM (they share one input and one global scale).
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# HF projections that serving engines fuse into one GEMM (they share one input and one global scale):
+# attention q/k/v (qkv_proj), the MLP's or an expert's gate/up (gate_up_proj; Mixtral's experts: w1/w3 = w13)
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,77 +150,6 @@ def token_losses(logits, targets, mask):
   return jnp.sum(nll * m), jnp.sum(m)
 
 
-# ----------------------------------------------------------------------------------------------
-# Reference Llama forward in Hugging Face's layout (modeling_llama's order of operations)
-# ----------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class LlamaShape:
-  """The HF ``LlamaConfig`` fields the forward needs."""
-
-  # decoder layers
-  num_layers: int
-  # query heads / key-value heads / per-head dim
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  # RMSNorm epsilon and RoPE base (rope_theta; default RoPE only)
-  rms_norm_eps: float
-  rope_theta: float
-
-
-def _rms_norm(x, w, eps):
-  var = jnp.mean(x * x, axis=-1, keepdims=True)
-  return w * (x * jax.lax.rsqrt(var + eps))
-
-
-def _rope(x, positions, theta):
-  """HF's default RoPE on ``[B, T, H, D]``: ``x * cos + rotate_half(x) * sin``, halves layout."""
-  d = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
-  x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-  return x * jnp.cos(emb) + jnp.concatenate([-x2, x1], axis=-1) * jnp.sin(emb)
-
-
-def llama_forward(weights: dict, shape: LlamaShape, tokens, positions=None, segment_ids=None, act=None,
-                  served: frozenset = frozenset()):
-  """``(logits [B, T, V], {linear name: amax of its input})`` of an HF-layout Llama in fp32.
-
-  ``weights``: HF state-dict names -> ``[out, in]`` arrays (``lm_head.weight`` absent = tied embeddings).
-  ``segment_ids``: packed sequences attend within their segment only (0 = padding); None = one segment.
-  The amax dict is what a calibration pass records (every linear's input, fused groups separately).
-  ``act``: applied to the inputs of the linears named in ``served`` (see :func:`served_activations`).
-  """
-  w = {k: jnp.asarray(v, jnp.float32) for k, v in weights.items()}
-  tokens = jnp.asarray(tokens)
-  b, t = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(t), (b, t)) if positions is None else jnp.asarray(positions)
-  seg = jnp.ones((b, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
-  mask = (jnp.tril(jnp.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0))
-  amax = {}
-
-  def linear(name, x):
-    amax[name] = jnp.max(jnp.abs(x))
-    return (act(x) if act is not None and name in served else x) @ w[name + ".weight"].T
-
-  h = w["model.embed_tokens.weight"][tokens]
-  nh, nkv, hd = shape.num_heads, shape.num_kv_heads, shape.head_dim
-  for i in range(shape.num_layers):
-    p = f"model.layers.{i}."
-    x = _rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_norm_eps)
-    q = linear(p + "self_attn.q_proj", x).reshape(b, t, nh, hd)
-    k = linear(p + "self_attn.k_proj", x).reshape(b, t, nkv, hd)
-    v = linear(p + "self_attn.v_proj", x).reshape(b, t, nkv, hd)
-    q, k = _rope(q, positions, shape.rope_theta), _rope(k, positions, shape.rope_theta)
-    k, v = jnp.repeat(k, nh // nkv, axis=2), jnp.repeat(v, nh // nkv, axis=2)
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(hd))
-    scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
-    o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, t, nh * hd)
-    h = h + linear(p + "self_attn.o_proj", o)
-    x = _rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_norm_eps)
-    gate, up = linear(p + "mlp.gate_proj", x), linear(p + "mlp.up_proj", x)
-    h = h + linear(p + "mlp.down_proj", jax.nn.silu(gate) * up)
-  h = _rms_norm(h, w["model.norm.weight"], shape.rms_norm_eps)
-  head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-  return h @ head.T, amax
+# The reference forward lives in core/hf_forward.py (every exported family); the Llama names stay here.
+LlamaShape = hf_forward.DecoderShape
+llama_forward = hf_forward.decoder_forward

@@ -11,9 +11,9 @@ Modes (:data:`maxtext_nvfp4.core.serving.SERVING_MODES`):
   fp8          FP8 E4M3 per-tensor current scaling of weights and activations
 
 The served linears are the export's (``--quantize trained|all``, same rule); embeddings, norms, attention
-and ``lm_head`` stay fp32. The forward is the HF-order Llama forward of the checkpoint converted with
-MaxText's own conversion (``core.serving.llama_forward``; tests/test_export.py checks it against
-MaxText's forward), over ``--eval-batches`` batches of the recipe's eval data (its train data when it has
+and ``lm_head`` stay fp32. The forward is the HF-order forward of the checkpoint's architecture (every
+family ``export`` writes; ``core.hf_forward``) of the checkpoint converted with MaxText's own conversion
+(tests/tools/test_export.py checks it against MaxText's forward, per family), over ``--eval-batches`` batches of the recipe's eval data (its train data when it has
 no eval split). The loss is MaxText's: summed next-token cross-entropy over ``targets_segmentation != 0``
 divided by the token count. Prints a table; ``--json PATH`` writes ``{"checkpoint", "batches", "tokens",
 "losses": {mode: loss}, "delta_vs_bf16": {mode: loss - bf16 loss}}``. Errors: one line, exit code 2.
@@ -51,6 +51,7 @@ def evaluate(model, names: list[str], batches: list[dict], modes: list[str]) -> 
   """``{mode: (summed token loss, token count)}`` over ``batches``."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
 
   served = frozenset(names)
@@ -61,7 +62,7 @@ def evaluate(model, names: list[str], batches: list[dict], modes: list[str]) -> 
 
     @jax.jit
     def loss(w, b, act=act):
-      logits, _ = serving.llama_forward(w, model.shape, b["inputs"], b["inputs_position"], b["inputs_segmentation"],
+      logits, _ = hf_forward.decoder_forward(w, model.shape, b["inputs"], b["inputs_position"], b["inputs_segmentation"],
                                         act=act, served=served)
       return serving.token_losses(logits, b["targets"], b["targets_segmentation"])
 
@@ -78,6 +79,7 @@ def run_eval(checkpoint: str, config_args: list[str] | None, *, modes: list[str]
   """The result dict (see the module docstring). Raises ``checkpoint.CheckpointError`` or
   ``model_shapes.ShapeMismatch`` (one line). ``config_args`` None: as ``export.resolve_config_args``."""
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
 
   if eval_batches < 1:
@@ -87,11 +89,11 @@ def run_eval(checkpoint: str, config_args: list[str] | None, *, modes: list[str]
   if config_args is None:
     config_args, source = export.resolve_config_args(items, None, list(config_overrides))
   config = ckpt.load_config(config_args)
-  model_shapes.check(items, config)
+  dims = model_shapes.check(items, config)
   export.check_supported(config)
   data = export.data_description(config)
-  model = ckpt.to_hf(items, config)
-  names = export.quantized_linears(model, quantize)
+  model = hf_conversion.to_hf(items, config, dims)
+  names = export.quantized_linears(model.trained_nvfp4, quantize)
   batches = list(export._batches(config, eval_batches, "--eval-batches"))  # pylint: disable=protected-access
   if not batches:
     raise ckpt.CheckpointError(f"eval data: {data} gave no batch")
@@ -114,8 +116,10 @@ def format_table(result: dict) -> str:
 
 
 def cli_main(argv: list[str]) -> int:
+  export.quiet_imports()
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
   try:
@@ -138,7 +142,8 @@ def cli_main(argv: list[str]) -> int:
     config_args = ([recipes.find_recipe(a.config)] + list(a.overrides)) if a.config else None
     result = run_eval(a.checkpoint, config_args, modes=modes, eval_batches=a.eval_batches, quantize=a.quantize,
                       config_overrides=a.overrides)
-  except (ckpt.CheckpointError, recipes.RecipeError, outputs.OutputError, model_shapes.ShapeMismatch) as e:
+  except (ckpt.CheckpointError, recipes.RecipeError, outputs.OutputError, model_shapes.ShapeMismatch,
+          export_arch.UnsupportedModel) as e:
     return fail(str(e))
   print(format_table(result))
   if json_path:

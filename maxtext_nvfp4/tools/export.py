@@ -1,32 +1,40 @@
-"""``maxtext-nvfp4 export CHECKPOINT_DIR --out DIR [--config R.yml] [key=value ...]``: a MaxText Llama
-checkpoint -> a Hugging Face directory in ModelOpt's unified NVFP4 format (what vLLM's ``modelopt_fp4``,
-SGLang and TensorRT-LLM load). The format, with its sources: docs/export.md.
+"""``maxtext-nvfp4 export CHECKPOINT_DIR --out DIR [--format F] [--weights-only] [--config R.yml] [key=value ...]``:
+a MaxText checkpoint -> a Hugging Face directory in an NVFP4 serving format (docs/export.md has the
+formats with their sources):
+
+  --format modelopt            ModelOpt's unified HF checkpoint (default): quant_algo NVFP4, or W4A16_NVFP4
+                               with --weights-only; what vLLM's modelopt_fp4, SGLang and TensorRT-LLM load
+  --format compressed-tensors  nvfp4-pack-quantized (NVFP4, or NVFP4A16 with --weights-only): what vLLM's
+                               compressed-tensors and transformers (dequantize=True, on CPU) load
+
+Both are written from the same quantized tensors (``core.serving_formats``). Which architecture a decoder
+block exports as (llama2, mistral, qwen2, qwen3, qwen3_moe, mixtral): ``integration/export_arch.py``;
+names and layouts come from MaxText's own conversion (``integration/hf_conversion.py``). MoE experts are
+per-expert linears, each its own NVFP4 tensor (an expert's gate/up share one global scale, as vLLM fuses
+them); routers, norms, embeddings, ``lm_head`` and every linear that trained in high precision are written
+bf16 and listed as excluded.
 
 Written to ``DIR`` (built in a hidden sibling and swapped in whole: :mod:`maxtext_nvfp4.tools.outputs`;
 ``DIR`` must be new, empty or an earlier export, recognised by its ``maxtext_nvfp4_export.json``):
 
-  model.safetensors     per quantized linear ``<name>.weight`` (uint8 [out, in/2]), ``.weight_scale``
-                        (float8_e4m3fn [out, in/16]), ``.weight_scale_2`` and ``.input_scale`` (float32
-                        scalars); everything else (embeddings, norms, lm_head, excluded linears) bf16
-  config.json           LlamaForCausalLM config + ``quantization_config`` (quant_method modelopt,
-                        quant_algo NVFP4, ignore = the excluded modules); bos/eos/pad ids from the tokenizer
-  hf_quant_config.json  ModelOpt's legacy file (quant_algo NVFP4, group_size 16, exclude_modules, ...)
-  tokenizer files       the run's tokenizer as a server needs it (no appended EOS), and
-                        generation_config.json (:mod:`maxtext_nvfp4.tools.tokenizer_export`);
-                        ``--no-tokenizer``: none
-  maxtext_nvfp4_export.json  what was exported from what (checkpoint, config, calibration data), last
+  model.safetensors             or model-0000i-of-0000N.safetensors + model.safetensors.index.json when the
+                                tensors exceed --max-shard-size (default 5GB), streamed layer by layer
+  config.json                   the architecture's config + quantization_config
+  hf_quant_config.json          (modelopt) ModelOpt's legacy file
+  tokenizer files               the run's tokenizer as a server needs it (no appended EOS) and
+                                generation_config.json (:mod:`maxtext_nvfp4.tools.tokenizer_export`)
+  maxtext_nvfp4_export.json     what was exported from what, written last
 
-The config: ``--config`` / overrides when given, else the run's ``maxtext_nvfp4_run.json`` (written by
-``maxtext-nvfp4 train``), else MaxText's base.yml; whichever it is, the checkpoint's own shapes must match
-it (:mod:`maxtext_nvfp4.tools.model_shapes`), or the export stops naming both values.
+Memory: the checkpoint is read one parameter at a time and converted, calibrated and written one layer at
+a time (:mod:`maxtext_nvfp4.integration.hf_conversion`, :mod:`maxtext_nvfp4.tools.safetensors_shards`).
 
 Which linears are NVFP4: for a ``quantization: nvfp4`` run, those whose forward trained in NVFP4 (the
 ``nvfp4_keep_*`` layers and projections outside ``nvfp4_targets`` stay bf16, as in training); for other
-runs (bf16, fp8) every decoder linear (``--quantize all`` forces that for NVFP4 runs too). lm_head is
-always excluded. ``input_scale`` = activation amax / 2688 from a calibration pass (an HF-order fp32
-forward of the unquantized weights, as ModelOpt's max calibration) over ``--calibration-batches`` batches
-of the run's eval data (its train data when it has no eval split); ``dataset_type=synthetic`` (random
-tokens) is refused unless ``--calibrate-on-synthetic``; the data used is printed and recorded.
+runs every decoder linear (``--quantize all`` forces that). ``input_scale`` (W4A4) = activation amax / 2688
+from an fp32 forward of the unquantized weights (ModelOpt's max calibration; an expert's over the tokens
+routed to it, an expert no calibration token reached takes its layer's largest) over
+``--calibration-batches`` batches of the run's eval data; ``dataset_type=synthetic`` is refused unless
+``--calibrate-on-synthetic``. ``--weights-only`` needs no calibration data.
 
 Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
 checkpoint, an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
@@ -50,11 +58,17 @@ PROG = "maxtext-nvfp4 export"
 
 
 def build_parser() -> argparse.ArgumentParser:
-  p = cli.ArgumentParser(prog=PROG, description="Export a MaxText Llama checkpoint in ModelOpt's NVFP4 HF format")
+  p = cli.ArgumentParser(prog=PROG, description="Export a MaxText checkpoint in an NVFP4 Hugging Face format")
   p.add_argument("checkpoint", metavar="CHECKPOINT_DIR",
                  help="a run's checkpoints/ dir (latest step), one checkpoints/<step>/ dir, or its items/ dir")
   p.add_argument("--out", required=True,
                  help="output folder: new, empty, or an earlier export (replaced as a whole, in one rename)")
+  p.add_argument("--format", choices=FORMATS, default="modelopt",
+                 help="modelopt (default: ModelOpt's unified HF checkpoint) or compressed-tensors (nvfp4-pack-quantized)")
+  p.add_argument("--weights-only", action="store_true",
+                 help="NVFP4 weights with 16-bit activations (W4A16_NVFP4 / NVFP4A16): no input scales, no calibration")
+  p.add_argument("--max-shard-size", type=_size, default="5GB",
+                 help="largest safetensors file (default 5GB; several files get model.safetensors.index.json)")
   p.add_argument("--config", default=None,
                  help="the recipe the run trained with (default: the run's maxtext_nvfp4_run.json, else base.yml)")
   p.add_argument("--calibration-batches", type=cliargs.number(integer=True, at_least=1), default=8,
@@ -68,91 +82,122 @@ def build_parser() -> argparse.ArgumentParser:
   return p
 
 
+FORMATS = ("modelopt", "compressed-tensors")
+
+
+def _size(text: str) -> int:
+  from maxtext_nvfp4.tools import safetensors_shards  # pylint: disable=import-outside-toplevel
+
+  try:
+    return safetensors_shards.parse_size(text)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _fail(message: str) -> int:
   print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
   return 2
 
 
-def quantized_linears(model, mode: str) -> list[str]:
+def quantized_linears(trained_nvfp4: dict[str, bool], mode: str) -> list[str]:
   """HF linear names to export in NVFP4 (a fused group is all in or all out: engines fuse it)."""
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
 
-  nvfp4_run = any(model.trained_nvfp4.values())
-  chosen = {n for n, t in model.trained_nvfp4.items() if mode == "all" or t or not nvfp4_run}
+  nvfp4_run = any(trained_nvfp4.values())
+  chosen = {n for n, t in trained_nvfp4.items() if mode == "all" or t or not nvfp4_run}
   for name in list(chosen):
     prefix, leaf = name.rsplit(".", 1)
     for group in serving.FUSED_GROUPS:
       if leaf in group and not all(f"{prefix}.{g}" in chosen for g in group):
         chosen.discard(name)
-  return [n for n in model.trained_nvfp4 if n in chosen]
+  return [n for n in trained_nvfp4 if n in chosen]
 
 
-def calibrate(model, batches, progress, total: int) -> dict[str, float]:
-  """``{linear: max activation amax over the batches}`` from the HF-order forward (unquantized weights)."""
+def _at_layer0(tensors: dict, layer: int) -> dict:
+  p = f"model.layers.{layer}."
+  return {"model.layers.0." + k[len(p):]: v for k, v in tensors.items()}
+
+
+def calibrate(conv, shape, batches: list[dict], progress) -> dict[str, float]:
+  """``{linear: max input amax over the batches}`` from the HF-order fp32 forward of the unquantized weights,
+  run one layer at a time (only that layer's weights in memory). An expert that no calibration token
+  reached (amax 0) takes the largest amax of the same linear among its layer's experts."""
   import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
 
-  fwd = jax.jit(lambda w, t, p, s: serving.llama_forward(w, model.shape, t, p, s)[1])
+  embed = conv.tensors(None, only=frozenset({"model.embed_tokens.weight"}))["model.embed_tokens.weight"]
+  hs = [jnp.asarray(embed[np.asarray(b["inputs"])]) for b in batches]
+  del embed
+
+  @jax.jit
+  def layer0(w, h, pos, seg):
+    amax: dict = {}
+    mask = hf_forward.attention_mask(pos, seg)
+    return hf_forward.decoder_layer(w, shape, 0, h, pos, mask, amax), amax
+
   amax: dict[str, float] = {}
-  for batch in progress(batches, desc="calibration", unit="batch", total=total):
-    got = fwd(model.tensors, batch["inputs"], batch["inputs_position"], batch["inputs_segmentation"])
-    for k, v in got.items():
-      amax[k] = max(amax.get(k, 0.0), float(v))
+  for layer in progress(range(shape.num_layers), desc="calibrate", unit="layer"):
+    w = _at_layer0(conv.tensors(layer), layer)
+    for j, b in enumerate(batches):
+      hs[j], got = layer0(w, hs[j], jnp.asarray(b["inputs_position"]), jnp.asarray(b["inputs_segmentation"]))
+      for k, v in got.items():
+        name = f"model.layers.{layer}." + k[len("model.layers.0."):]
+        amax[name] = max(amax.get(name, 0.0), float(v))
+  if shape.moe is not None:
+    for layer in range(shape.num_layers):
+      for leaf in shape.moe.expert_linears:
+        names = [f"model.layers.{layer}.{shape.moe.block}.experts.{e}.{leaf}" for e in range(shape.moe.num_experts)]
+        top = max(amax[n] for n in names)
+        for n in names:
+          if amax[n] == 0.0:
+            amax[n] = top
   return amax
 
 
-def export_tensors(model, names: list[str], amax: dict[str, float], progress) -> dict[str, np.ndarray]:
-  """The safetensors contents: ModelOpt NVFP4 tensors for ``names``, bf16 for every other tensor."""
+def write_tensors(conv, shape, names: list[str], amax: dict[str, float], writer, progress, *, fmt: str) -> None:
+  """Every tensor, one layer at a time: the NVFP4 linears ``names`` in ``fmt`` (fused groups share one
+  global scale and one input scale; ``amax`` empty: weights only), everything else bf16."""
   import ml_dtypes  # pylint: disable=import-outside-toplevel
 
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import serving_formats  # pylint: disable=import-outside-toplevel
 
   quantized = set(names)
-  out = {k: v.astype(ml_dtypes.bfloat16) for k, v in model.tensors.items() if k[: -len(".weight")] not in quantized}
-  units = serving.linear_units(names)  # fused groups share one global weight scale and one input scale
-  for unit in progress(units, desc="quantize", unit="linear"):
-    lins = serving.quantize_linears([model.tensors[n + ".weight"] for n in unit])
-    scale_in = serving.input_scale(max(amax[n] for n in unit))
-    for n, lin in zip(unit, lins):
-      out[n + ".weight"] = lin.weight
-      out[n + ".weight_scale"] = lin.weight_scale
-      out[n + ".weight_scale_2"] = lin.weight_scale_2
-      out[n + ".input_scale"] = scale_in
-  return out
-
-
-def quant_configs(excluded: list[str]) -> tuple[dict, dict]:
-  """``(hf_quant_config.json, config.json quantization_config)`` in ModelOpt's two layouts."""
-  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
-
-  from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
-
-  producer = {"name": "maxtext-nvfp4", "version": maxtext_nvfp4.__version__}
-  legacy = {"producer": producer, "quantization": {
-      "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": serving.GROUP_SIZE,
-      "exclude_modules": excluded}}
-  group = {"dynamic": False, "num_bits": 4, "type": "float", "group_size": serving.GROUP_SIZE}
-  hf = {"config_groups": {"group_0": {"input_activations": dict(group), "weights": dict(group), "targets": ["Linear"]}},
-        "ignore": excluded, "quant_algo": "NVFP4", "producer": producer, "quant_method": "modelopt"}
-  return legacy, hf
+  for layer in progress([None, *range(shape.num_layers)], desc="quantize+write", unit="layer"):
+    t = conv.tensors(layer)
+    here = [n for n in names if n + ".weight" in t]
+    for unit in serving.linear_units(here):
+      lins = serving.quantize_linears([t[n + ".weight"] for n in unit])
+      scale_in = serving.input_scale(max(amax[n] for n in unit)) if amax else None
+      for n, lin in zip(unit, lins):
+        for k, v in serving_formats.linear_tensors(fmt, n, lin.weight, lin.weight_scale, lin.weight_scale_2,
+                                                   scale_in).items():
+          writer.add(k, v)
+    for k in sorted(t):
+      if k[: -len(".weight")] not in quantized:
+        writer.add(k, t[k].astype(ml_dtypes.bfloat16))
+    del t
 
 
 MARKER = "maxtext_nvfp4_export.json"  # written last into every export: what marks a folder as ours
 
 
-def write(out_dir: str, tensors: dict[str, np.ndarray], hf_config: dict, excluded: list[str]) -> None:
-  """The weights and the two configs into ``out_dir`` (an existing, empty build folder)."""
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from safetensors.flax import save_file  # pylint: disable=import-outside-toplevel
+def write_configs(out_dir: str, hf_config: dict, excluded: list[str], *, fmt: str, weights_only: bool) -> None:
+  """config.json (+ quantization_config) and, for modelopt, hf_quant_config.json."""
+  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
 
-  save_file({k: jnp.asarray(v) for k, v in tensors.items()}, os.path.join(out_dir, "model.safetensors"),
-            metadata={"format": "pt"})  # transformers loads only safetensors marked "pt"
-  legacy, hf_quant = quant_configs(excluded)
-  with open(os.path.join(out_dir, "hf_quant_config.json"), "w", encoding="utf-8") as f:
-    json.dump(legacy, f, indent=2)
+  from maxtext_nvfp4.core import serving_formats  # pylint: disable=import-outside-toplevel
+
+  version = maxtext_nvfp4.__version__
+  if fmt == "modelopt":
+    with open(os.path.join(out_dir, "hf_quant_config.json"), "w", encoding="utf-8") as f:
+      json.dump(serving_formats.hf_quant_config(excluded, weights_only=weights_only, producer_version=version), f,
+                indent=2)
+  quant = serving_formats.quantization_config(fmt, excluded, weights_only=weights_only, producer_version=version)
   with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
-    json.dump({**hf_config, "quantization_config": hf_quant}, f, indent=2)
+    json.dump({**hf_config, "quantization_config": quant}, f, indent=2)
 
 
 def _get(config, key, default=None):
@@ -174,14 +219,12 @@ def data_description(config) -> str:
   return f"dataset_type={kind}"
 
 
-def check_supported(config) -> None:
-  """The Llama exporter's model check (``checkpoint.to_hf`` runs it after reading the weights), asked
-  first so an unsupported model is refused before any data or weight is read."""
-  from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+def check_supported(config):
+  """The export family of ``config`` (``integration/export_arch.py``), asked first so an unsupported model is
+  refused before any data or weight is read; raises ``export_arch.UnsupportedModel`` (one line)."""
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
 
-  check = getattr(ckpt, "_check_supported", None)
-  if check is not None:
-    check(config)
+  return export_arch.check_supported(config)
 
 
 def check_calibration_data(config, *, allow_synthetic: bool) -> str:
@@ -224,24 +267,32 @@ def resolve_config_args(items: str, config: str | None, overrides: list[str]) ->
 
 def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, calibration_batches: int,
                quantize: str = "trained", quiet: bool = False, allow_synthetic: bool = False,
-               tokenizer: bool = True, config_overrides: list[str] = ()) -> dict:
-  """Export; returns a summary dict. Raises ``checkpoint.CheckpointError``, ``outputs.OutputError``,
-  ``model_shapes.ShapeMismatch`` or ``tokenizer_export.TokenizerError`` (one-line messages), all before
-  any weight is read (the calibration batches are read first); ``out_dir`` is untouched then.
+               tokenizer: bool = True, config_overrides: list[str] = (), fmt: str = "modelopt",
+               weights_only: bool = False, max_shard_size: int = 5 * 10**9) -> dict:
+  """Export; returns a summary dict. Raises ``checkpoint.CheckpointError``, ``export_arch.UnsupportedModel``,
+  ``outputs.OutputError``, ``model_shapes.ShapeMismatch`` or ``tokenizer_export.TokenizerError`` (one-line
+  messages), all before any weight is read (the calibration batches are read first); ``out_dir`` is
+  untouched then.
 
   ``config_args``: ``[RECIPE.yml] key=value ...``; None: :func:`resolve_config_args` of
   ``config_overrides`` (the run's record when empty).
   """
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
+  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import outputs  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import safetensors_shards  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import tokenizer_export  # pylint: disable=import-outside-toplevel
 
-  progress = functools.partial(tqdm, disable=quiet, file=sys.stderr)
+  progress = functools.partial(tqdm, disable=quiet, file=sys.stderr, leave=False)
   say = (lambda *_: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True))
 
+  if fmt not in FORMATS:
+    raise ckpt.CheckpointError(f"--format {fmt}: choose one of {', '.join(FORMATS)}")
   if calibration_batches < 1:
     raise ckpt.CheckpointError("--calibration-batches must be >= 1 (NVFP4 W4A4 serving needs every input_scale)")
   out_dir = outputs.check_out_dir(out_dir, marker=MARKER, what="maxtext-nvfp4 export")
@@ -252,37 +303,54 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
   config = ckpt.load_config(config_args)
   dims = model_shapes.check(items, config)
   check_supported(config)
-  data = check_calibration_data(config, allow_synthetic=allow_synthetic)
   tok_plan = tokenizer_export.plan(config, dims.get("vocab_size", int(config.vocab_size))) if tokenizer else None
-  batches = list(_batches(config, calibration_batches, "--calibration-batches"))  # data errors before the weights
-  if not batches:
-    raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
-  say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {len(batches)} batch(es) of {data}")
-  model = ckpt.to_hf(items, config)
-  names = quantized_linears(model, quantize)
+  shape = export_arch.forward_shape(config, dims)
+  hf_cfg = export_arch.hf_config(config, dims)
+  conv = hf_conversion.Converter(items, config, dims, hf_cfg)
+  trained = hf_conversion.trained_nvfp4(config, shape)
+  names = quantized_linears(trained, quantize)
   if not names:
     raise ckpt.CheckpointError(f"checkpoint {items}: no decoder linear to quantize (use --quantize all)")
-  amax = calibrate(model, batches, progress, len(batches))
-  tensors = export_tensors(model, names, amax, progress)
-  excluded = ["lm_head"] + [n for n in model.trained_nvfp4 if n not in set(names)]
-  if model.hf_config["tie_word_embeddings"]:
-    excluded = excluded[1:]
+  data = None
+  if weights_only:
+    say(f"maxtext-nvfp4 export: config from {source}; weights only ({fmt}): no calibration")
+    amax: dict[str, float] = {}
+  else:
+    data = check_calibration_data(config, allow_synthetic=allow_synthetic)
+    batches = list(_batches(config, calibration_batches, "--calibration-batches"))  # data errors before the weights
+    if not batches:
+      raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
+    say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {len(batches)} batch(es) of {data}")
+    amax = calibrate(conv, shape, batches, progress)
+  routers = [f"model.layers.{i}.{shape.moe.block}.gate" for i in range(shape.num_layers)] if shape.moe else []
+  excluded = ["lm_head", "model.embed_tokens", *routers, *[n for n in trained if n not in set(names)]]
+  files: list[str] = []
 
   def build(tmp: str) -> None:
+    writer = safetensors_shards.ShardWriter(tmp, max_shard_size)
+    write_tensors(conv, shape, names, amax, writer, progress, fmt=fmt)
+    files.extend(writer.close())
     ids = tokenizer_export.write(tok_plan, tmp) if tok_plan else {"bos_token_id": None, "eos_token_id": None}
-    hf_config = {**model.hf_config, "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"]}
+    hf_config = {**hf_cfg, "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"]}
     if ids.get("pad_token_id") is not None:
       hf_config["pad_token_id"] = ids["pad_token_id"]
-    write(tmp, tensors, hf_config, excluded)
-
-  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
+    write_configs(tmp, hf_config, excluded, fmt=fmt, weights_only=weights_only)
 
   marker = {"producer": "maxtext-nvfp4 export", "version": maxtext_nvfp4.__version__, "checkpoint": items,
-            "config_args": list(config_args), "config_source": source, "calibration": {
+            "config_args": list(config_args), "config_source": source, "format": fmt, "weights_only": weights_only,
+            "architecture": hf_cfg["architectures"][0], "calibration": None if weights_only else {
                 "batches": calibration_batches, "data": data}, "tokenizer": tok_plan.kind if tok_plan else None}
   outputs.publish_dir(out_dir, build, marker=MARKER, marker_text=json.dumps(marker, indent=2) + "\n")
   return {"items": items, "quantized": names, "excluded": excluded, "tokenizer_copied": tok_plan is not None,
-          "out": out_dir, "data": data, "config_source": source}
+          "out": out_dir, "data": data, "config_source": source, "files": files,
+          "architecture": hf_cfg["architectures"][0], "format": fmt}
+
+
+def quiet_imports() -> None:
+  """Before MaxText is imported: transformers' import-time notices ("PyTorch was not found", config
+  classes' rope warnings), which MaxText's checkpoint-conversion imports trigger and which say nothing about
+  an export, are silenced unless the user set ``TRANSFORMERS_VERBOSITY``."""
+  os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def cli_main(argv: list[str]) -> int:
@@ -290,7 +358,9 @@ def cli_main(argv: list[str]) -> int:
     a = build_parser().parse_intermixed_args(argv)
   except SystemExit as e:  # --help: 0; a usage error: 2, after its one line on stderr
     return int(e.code or 0)
+  quiet_imports()
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import outputs  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
@@ -303,13 +373,15 @@ def cli_main(argv: list[str]) -> int:
     config_args = ([recipes.find_recipe(a.config)] + list(a.overrides)) if a.config else None
     summary = run_export(a.checkpoint, a.out, config_args, calibration_batches=a.calibration_batches,
                          quantize=a.quantize, allow_synthetic=a.calibrate_on_synthetic,
-                         tokenizer=not a.no_tokenizer, config_overrides=a.overrides)
+                         tokenizer=not a.no_tokenizer, config_overrides=a.overrides, fmt=a.format,
+                         weights_only=a.weights_only, max_shard_size=a.max_shard_size)
   except (ckpt.CheckpointError, recipes.RecipeError, outputs.OutputError, model_shapes.ShapeMismatch,
-          tokenizer_export.TokenizerError) as e:
+          tokenizer_export.TokenizerError, export_arch.UnsupportedModel) as e:
     return _fail(str(e))
   except OSError as e:  # the disk filled or a permission changed mid-write: the old export is still in place
     return _fail(f"--out {a.out}: writing failed ({e.strerror or e}); nothing was replaced")
-  print(f"exported {summary['items']} -> {summary['out']}: {len(summary['quantized'])} NVFP4 linears,"
+  print(f"exported {summary['items']} -> {summary['out']} ({summary['architecture']}, {summary['format']},"
+        f" {len(summary['files'])} file(s) of weights): {len(summary['quantized'])} NVFP4 linears,"
         f" {len(summary['excluded'])} excluded modules ({', '.join(summary['excluded'][:4])}"
         f"{', ...' if len(summary['excluded']) > 4 else ''}); tokenizer"
         f" {'written' if summary['tokenizer_copied'] else 'not written (--no-tokenizer)'}")

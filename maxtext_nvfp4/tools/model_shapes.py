@@ -13,7 +13,8 @@ Dimensions, from the parameters named as MaxText's checkpoint conversion names t
   num_query_heads, head_dim  ``self_attention-query-kernel``        [emb, heads, head_dim]
   num_kv_heads               ``self_attention-key-kernel``          [emb, kv_heads, head_dim]
   mlp_dim                    ``mlp-wi_0-kernel``                    [emb, mlp]
-  num_experts, moe_mlp_dim   ``MoeBlock_0-gate-kernel`` [emb, experts], ``MoeBlock_0-wi_0`` [experts, emb, mlp]
+  num_experts, moe_mlp_dim   ``<moe>-gate-kernel`` [emb, experts], ``<moe>-wi_0`` [experts, emb, mlp]
+                             (<moe>: ``MoeBlock_0`` in mixtral's layers, ``moe_block`` in qwen3_moe's)
   scan_layers                whether the parameters are stacked (``layers``) or per layer (``layers_<i>``)
 
 A dimension whose parameter the checkpoint does not have (another block type) is not compared.
@@ -29,6 +30,10 @@ CONFIG_KEY = {"vocab_size": "vocab_size", "emb_dim": "base_emb_dim", "num_decode
               "num_query_heads": "base_num_query_heads", "num_kv_heads": "base_num_kv_heads", "head_dim": "head_dim",
               "mlp_dim": "base_mlp_dim", "num_experts": "num_experts", "moe_mlp_dim": "base_moe_mlp_dim",
               "scan_layers": "scan_layers"}
+
+
+# the routed-experts module's parameter names: mixtral's decoder layer (MoeBlock_0), qwen3_moe's (moe_block)
+MOE_BLOCKS = ("MoeBlock_0", "moe_block")
 
 
 class ShapeMismatch(ValueError):
@@ -92,10 +97,11 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
   wi = shapes.get(prefix + "mlp-wi_0-kernel")
   if wi is not None and len(wi) == 2 + (axis is not None):
     dims["mlp_dim"] = _drop(wi, axis)[1]
-  gate = shapes.get(prefix + "MoeBlock_0-gate-kernel")
+  moe = next((m for m in MOE_BLOCKS if prefix + m + "-gate-kernel" in shapes), MOE_BLOCKS[0])
+  gate = shapes.get(prefix + moe + "-gate-kernel")
   if gate is not None and len(gate) == 2 + (axis is not None):
     dims["num_experts"] = _drop(gate, axis)[1]
-  ewi = shapes.get(prefix + "MoeBlock_0-wi_0")
+  ewi = shapes.get(prefix + moe + "-wi_0")
   if ewi is not None and len(ewi) == 3 + (axis is not None):
     dims["moe_mlp_dim"] = _drop(ewi, axis)[2]
   return dims

@@ -42,7 +42,7 @@ def test_each_adapter_is_complete_and_consistent(version, moe_block):
   # the MoE layer rules are data core/layout.py interprets
   cfg = {"num_decoder_layers": 4, "num_experts": 8, "decoder_block": moe_block, "first_num_dense_layers": 1}
   assert layout_lib.from_config(cfg, moe_layer_rules=a.moe_layer_rules).moe_layers == (1, 2, 3)
-  assert a.llama_conversion_hooks_dropped <= a.llama_conversion_hooks
+  assert all(c.dropped <= c.hooks for c in a.hf_conversions.values())
 
 
 def test_an_unsupported_version_fails_in_one_line_naming_the_supported_ones():

@@ -163,7 +163,9 @@ def test_configs_are_what_vllms_modelopt_loader_reads(exported):
     legacy = json.load(f)
   with open(os.path.join(exported["hf"], "config.json"), encoding="utf-8") as f:
     config = json.load(f)
-  excluded = ["lm_head"] + [f"model.layers.{NL - 1}.{n}" for n in LINEARS]
+  excluded = ["lm_head", "model.embed_tokens"] + [f"model.layers.{NL - 1}.{n}" for n in LINEARS]
+  # vLLM and TensorRT-LLM apply hf_quant_config.json alone only for producer "modelopt"
+  assert legacy["producer"]["name"] == "modelopt" and legacy["producer"]["exporter"].startswith("maxtext-nvfp4")
   q = legacy["quantization"]
   assert q["quant_algo"] == "NVFP4" and q["group_size"] == 16 and q["kv_cache_quant_algo"] is None
   assert sorted(q["exclude_modules"]) == sorted(excluded)
@@ -172,6 +174,9 @@ def test_configs_are_what_vllms_modelopt_loader_reads(exported):
   assert qc["config_groups"]["group_0"]["weights"] == {"dynamic": False, "num_bits": 4, "type": "float", "group_size": 16}
   assert (config["architectures"], config["num_key_value_heads"], config["head_dim"]) == (["LlamaForCausalLM"], NKV, HD)
   assert (config["hidden_size"], config["intermediate_size"], config["vocab_size"]) == (EMB, MLP, VOCAB)
+  # transformers 5 / ModelOpt keys (rope_theta kept for transformers-4 readers); no legacy torch_dtype/rope_scaling
+  assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": config["rope_theta"]}
+  assert config["dtype"] == "bfloat16" and "torch_dtype" not in config and "rope_scaling" not in config
 
 
 # ---- numerics -------------------------------------------------------------------------------------
@@ -243,6 +248,8 @@ def _to_maxtext(w):
 def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(exported):
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
 
   with open(os.path.join(exported["hf"], "config.json"), encoding="utf-8") as f:
     c = json.load(f)
@@ -250,7 +257,7 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
   tokens = np.random.default_rng(0).integers(0, VOCAB, (2, 64))
   shape = serving.LlamaShape(num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
                              num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-                             rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"])
+                             rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_parameters"]["rope_theta"])
   hf_logits = np.asarray(serving.llama_forward(w, shape, tokens)[0])
   config = checkpoint.load_config(_overrides(exported["out"], quantization="", dtype="float32",
                                              matmul_precision="highest"))
@@ -261,7 +268,8 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
   # permutation of q and k rows). Ground truth: MaxText's forward of the trained checkpoint itself vs the
   # HF forward of the exporter's conversion of it, and that conversion is hf_layout bit for bit (the
   # layout the bit-for-bit test quantizes).
-  model = checkpoint.to_hf(checkpoint.find_items(os.path.join(exported["out"], "run", "checkpoints")), config)
+  items = checkpoint.find_items(os.path.join(exported["out"], "run", "checkpoints"))
+  model = hf_conversion.to_hf(items, config, model_shapes.check(items, config))
   for i in range(NL):
     for name, a in hf_layout(exported["trained"], i).items():
       np.testing.assert_array_equal(model.tensors[f"model.layers.{i}.{name}.weight"], a, err_msg=name)

@@ -23,6 +23,21 @@ class Touch:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class HfConversion:
+  """MaxText's own MaxText -> Hugging Face conversion of one decoder block (checkpoint_conversion's
+  ``param_mapping``: the functions ``to_huggingface.py`` calls), as the NVFP4 export uses it."""
+
+  # the names function (MaxText key -> HF name(s)) and the hook-functions function, in param_mapping
+  names_fn: str
+  hooks_fn: str
+  # the hook functions (by __name__) its chains may hold, and those the export drops (with its reason)
+  hooks: frozenset[str]
+  dropped: frozenset[str] = frozenset()
+  # why a hook is dropped (one line; docs/export.md has the proof)
+  dropped_reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MaxTextVersion:
   """Every fact about one MaxText release that the plugin relies on (data only: no MaxText import)."""
 
@@ -61,11 +76,11 @@ class MaxTextVersion:
   # TransformerEngineQuantization's private attributes the TE adapter sets: the recipe, the overlap policy
   te_recipe_attr: str
   te_overlap_attr: str
-  # MaxText's Llama conversion hooks (param_mapping's HOOK_FN chain) we expect, and the ones we drop
-  llama_conversion_hooks: frozenset[str]
-  llama_conversion_hooks_dropped: frozenset[str]
-  # MaxText's Llama export mapping: (its module, the names function, the hook-functions function)
-  llama_param_mapping: tuple[str, str, str]
+  # MaxText's checkpoint-conversion module (param_mapping) and its conversion of each exported decoder block
+  hf_param_mapping_module: str
+  hf_conversions: Mapping[str, HfConversion]
+  # where a scanned MoE checkpoint stacks (experts, layers) in an expert weight (tensor_handling.stacked_axes)
+  scanned_expert_axes: tuple[int, int]
   # config files: the folder inside the maxtext package, its base file, the model YAMLs' subfolder
   configs_dir: str
   base_config: str

@@ -10,10 +10,11 @@ calls megablox gmm for wi_0, wi_1, wo -- or [wi_0 | wi_1], wo with prefuse_moe_w
 (routed experts from ``first_num_dense_layers`` on), ``models/llama4.py`` (every
 ``interleave_moe_layer_step``-th layer), ``configs/pyconfig.py`` (``_prepare_for_pydantic``'s unknown-key
 message; the keys it rewrites), ``layers/nnx_wrappers.py`` (DenseGeneral's ``nnx.Rngs(params, dropout,
-aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1 mapping and hook chain).
+aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen and Mixtral mappings and hook chains;
+``tensor_handling.stacked_axes``: a scanned MoE weight stacks (experts, layers) leading).
 """
 
-from maxtext_nvfp4.integration.maxtext_versions.schema import MaxTextVersion, Touch
+from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, MaxTextVersion, Touch
 
 _TYPES = "maxtext.configs.types"
 _PYCONFIG = "maxtext.configs.pyconfig"
@@ -23,6 +24,19 @@ _METRIC_LOGGER = "maxtext.common.metric_logger"
 _MOE = "maxtext.layers.moe"
 _MEGABLOX = "maxtext.kernels.megablox"
 _PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
+
+# llama2 and mistral blocks have the same parameters; MaxText has no mistral mapping of its own. Its Llama 3.1
+# hooks permute q/k rows from interleaved RoPE pairs to HF halves (adjust_rope): right for LLaMARotaryEmbedding
+# (rope_type llama3.1), wrong for the default RotaryEmbedding these blocks run (already HF's halves layout).
+_LLAMA = HfConversion(
+    names_fn="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+    hooks=frozenset({"scale_query_layer", "adjust_rope", "reshape_kernel"}), dropped=frozenset({"adjust_rope"}),
+    dropped_reason="the default RotaryEmbedding already rotates HF's halves (embeddings.py _rotate_half)")
+# qwen2/qwen3/qwen3_moe: query scaled by query_pre_attn_scalar in the forward (no depth scaling folded in the
+# kernel), RoPE in halves: MaxText's hooks are only reshapes/transposes (and vocab padding for the embedding).
+_QWEN = HfConversion(
+    names_fn="QWEN_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+    hooks=frozenset({"pad_embedding_layer", "reshape_kernel", "reshape_bias", "reshape_expert_kernel"}))
 
 TOUCHES: tuple[Touch, ...] = (
     Touch(module=_TYPES, symbol="QuantizationType",
@@ -65,9 +79,17 @@ TOUCHES: tuple[Touch, ...] = (
     Touch(module=_METRIC_LOGGER, symbol="_prepare_metrics_for_json",
           use="called by the replaced write_metrics_locally (same JSON records as MaxText)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING",
-          use="MaxText -> HF Llama names for the NVFP4 export (checkpoint.to_hf)"),
+          use="MaxText -> HF names of llama2/mistral blocks for the NVFP4 export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
-          use="MaxText -> HF Llama layouts (minus adjust_rope) for the NVFP4 export (checkpoint.to_hf)"),
+          use="MaxText -> HF layouts (minus adjust_rope) of llama2/mistral blocks (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="QWEN_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of qwen2/qwen3/qwen3_moe blocks for the NVFP4 export (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of qwen2/qwen3/qwen3_moe blocks (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of mixtral blocks for the NVFP4 export (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of mixtral blocks (hf_conversion)"),
     Touch(module="maxtext.input_pipeline.input_pipeline_interface", symbol="create_data_iterator",
           use="the run's eval batches for the export's calibration (checkpoint.eval_batches)"),
     Touch(module="maxtext.utils.model_creation_utils", symbol="from_config",
@@ -122,9 +144,15 @@ ADAPTER = MaxTextVersion(
     te_sr_source_stream="aqt",
     te_recipe_attr="_recipe",
     te_overlap_attr="_te_comm_gemm_overlap_policy",
-    llama_conversion_hooks=frozenset({"scale_query_layer", "adjust_rope", "reshape_kernel"}),
-    llama_conversion_hooks_dropped=frozenset({"adjust_rope"}),
-    llama_param_mapping=(_PARAM_MAPPING, "LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING", "LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN"),
+    hf_param_mapping_module=_PARAM_MAPPING,
+    hf_conversions={
+        "llama2": _LLAMA, "mistral": _LLAMA,
+        "qwen2": _QWEN, "qwen3": _QWEN, "qwen3_moe": _QWEN,
+        "mixtral": HfConversion(
+            names_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"reshape_and_transpose_attention", "scale_query_layer", "reshape_kernel"})),
+    },
+    scanned_expert_axes=(0, 1),  # checkpoint_conversion/utils/tensor_handling.py stacked_axes: leading
     configs_dir="configs",
     base_config="base.yml",
     models_dir="models",

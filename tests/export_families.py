@@ -1,0 +1,109 @@
+"""Tiny checkpoints of every exported family, made without training: MaxText's own model init (its
+parameter names, shapes and layouts), perturbed so every tensor (norm scales included) is distinct, saved
+as the Orbax ``params`` item a training checkpoint holds. A few seconds per family on CPU (no train-step
+compile); shared by tests/tools/test_export.py and tests/peers/test_serving_oracles.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from maxtext_helpers import tiny_argv
+
+# family -> (MaxText model_name, overrides): 2 layers, d=64, GQA 4/2 heads of 32 (sqrt(32) is not a power of
+# two, so a missing query scale shows), MoE 4 experts top-2
+_DENSE = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 32, "base_mlp_dim": 128,
+          "base_num_decoder_layers": 2, "vocab_size": 256, "max_target_length": 32, "per_device_batch_size": 1,
+          "override_model_config": True}
+_MOE = {"base_mlp_dim": 64, "base_moe_mlp_dim": 64, "num_experts": 4, "num_experts_per_tok": 2, "sparse_matmul": False}
+FAMILIES = {
+    "llama2": ("llama2-7b", {}),
+    "mistral": ("mistral-7b", {}),
+    "qwen2": ("qwen2.5-1.5b", {}),
+    "qwen3": ("qwen3-0.6b", {}),
+    "qwen3_moe": ("qwen3-30b-a3b", _MOE),
+    "mixtral": ("mixtral-8x7b", {**_MOE, "head_dim": 16}),  # MaxText's mixtral hook needs heads x head_dim = emb
+}
+
+
+def overrides(family: str, out_dir: str, **extra) -> list[str]:
+  """``key=value`` MaxText arguments of the family's tiny model (what export/eval-quantized take)."""
+  model, fam = FAMILIES[family]
+  return tiny_argv(out_dir, run_name=family, skip_jax_distributed_system=True,
+                   **{"model_name": model, **_DENSE, **fam, **extra})[2:]
+
+
+def _leaf_shapes(tree, path=()):
+  """``{path: shape}`` of MaxText's abstract init tree (nnx variable wrappers: ``{"value": ...}`` leaves)."""
+  if isinstance(tree, dict):
+    if set(tree) == {"value"}:
+      return _leaf_shapes(tree["value"], path)
+    out = {}
+    for k, v in tree.items():
+      out.update(_leaf_shapes(v, path + (k,)))
+    return out
+  return {path: tuple(getattr(tree, "value", tree).shape)}
+
+
+def _draw(path, shape, rng):
+  """Init-like values, every tensor distinct: embeddings N(0, 1); norm scales 1 + 0.1 N; biases 0.1 N;
+  kernels N(0, 1/fan_in) with fan_in the contracted dims (out: heads x head_dim; experts: dim 1)."""
+  name = path[-1]
+  if name == "embedding":
+    return rng.normal(size=shape)
+  if name == "scale":
+    return 1.0 + 0.1 * rng.normal(size=shape)
+  if "bias" in name or name == "sinks":
+    return 0.1 * rng.normal(size=shape)
+  fan_in = shape[0] * shape[1] if path[-2] == "out" else shape[1] if len(shape) == 3 and name != "kernel" else shape[0]
+  return rng.normal(size=shape) / np.sqrt(fan_in)
+
+
+def init_params(config, seed: int = 0) -> dict:
+  """``{"params": {...}}`` with exactly the names and shapes of MaxText's init of ``config``'s model
+  (``jax.eval_shape`` of it: nothing is computed) and seeded init-like values (:func:`_draw`)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
+
+  mesh = maxtext_utils.get_mesh_from_config(config)
+  model = model_creation_utils.from_config(config, mesh=mesh)
+  tok = jnp.zeros((1, 8), jnp.int32)
+  key = jax.random.PRNGKey(seed)
+  with jax.set_mesh(mesh):
+    tree = jax.eval_shape(lambda: model.init({"params": key, "dropout": key, "aqt": key}, tok,
+                                             jnp.broadcast_to(jnp.arange(8), (1, 8)),
+                                             decoder_segment_ids=jnp.ones_like(tok), enable_dropout=False))
+  rng = np.random.default_rng(seed)
+  out: dict = {}
+  for path, shape in sorted(_leaf_shapes(dict(tree)["params"]).items()):
+    d = out
+    for part in path[:-1]:
+      d = d.setdefault(part, {})
+    d[path[-1]] = _draw(path, shape, rng).astype(np.float32)
+  return {"params": out}
+
+
+def save_checkpoint(params: dict, ckpt_dir: str, step: int = 0) -> str:
+  """``params`` as ``<ckpt_dir>/<step>/items`` (the Orbax ``params`` item of a MaxText training
+  checkpoint) with ``commit_success.txt``; returns ``ckpt_dir``."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+  items = os.path.join(os.path.abspath(ckpt_dir), str(step), "items")
+  ocp.PyTreeCheckpointer().save(items, {"params": params})
+  with open(os.path.join(ckpt_dir, str(step), "commit_success.txt"), "w", encoding="utf-8") as f:
+    f.write("ok\n")
+  return ckpt_dir
+
+
+def make(family: str, out_dir: str, seed: int = 0, **extra) -> dict:
+  """A family's tiny checkpoint: ``{"ckpt": checkpoints dir, "overrides": [...], "config", "params"}``."""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+  args = overrides(family, out_dir, **extra)
+  config = checkpoint.load_config(args)
+  params = init_params(config, seed)
+  ckpt = save_checkpoint(params, os.path.join(out_dir, family, "checkpoints"))
+  return {"ckpt": ckpt, "overrides": args, "config": config, "params": params}

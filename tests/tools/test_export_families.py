@@ -1,0 +1,193 @@
+"""Export by architecture: every exported family converts to what MaxText's own forward computes; the two
+formats, sharding, weights-only; an unsupported family is one line.
+
+The checkpoints are MaxText's init shapes with seeded values (tests/export_families.py: no training). The
+ground truth is MaxText's forward (``model.apply`` of its model, fp32) of the checkpoint against our HF-order
+forward (``core.hf_forward``, what ``eval-quantized`` runs and what the peer oracles check against
+transformers) of the checkpoint converted by MaxText's own mappings: equal to 2e-5 of max|logits| (fp32
+op-order differences; measured <= 2.2e-6). One exception, MaxText's: with tied embeddings its logits use
+the embedding table cast to bf16 (``embeddings.attend_on_embedding``), so ours is given that table as
+``lm_head`` -- which is also what a served model has, the export writing embeddings in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import export_families
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  work = str(tmp_path_factory.mktemp("families"))
+  return {f: export_families.make(f, os.path.join(work, f)) for f in export_families.FAMILIES}
+
+
+@pytest.mark.parametrize("family", list(export_families.FAMILIES))
+def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, family):
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints[family]
+  items = checkpoint.find_items(d["ckpt"])
+  model = hf_conversion.to_hf(items, d["config"], model_shapes.check(items, d["config"]))
+  w = dict(model.tensors)
+  if model.hf_config["tie_word_embeddings"]:
+    assert "lm_head.weight" not in w
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].astype(ml_dtypes.bfloat16).astype(np.float32)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(w, tokens))
+  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
+  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
+  scale = np.abs(theirs).max()
+  assert scale > 1.0
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  # a real check: a layout error of the kind a conversion makes (a transposed-then-reshaped projection)
+  # moves the logits far beyond the tolerance
+  bad = dict(w)
+  q = bad["model.layers.0.self_attn.q_proj.weight"]
+  bad["model.layers.0.self_attn.q_proj.weight"] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
+  moved = np.asarray(hf_forward.decoder_forward(bad, model.shape, tokens)[0])
+  assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale
+
+
+def _header(path):
+  with open(path, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    return json.loads(f.read(n))
+
+
+@pytest.fixture(scope="module")
+def moe_exports(checkpoints):
+  """qwen3_moe exported three ways: ModelOpt W4A4 sharded, compressed-tensors W4A4, compressed-tensors W4A16."""
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints["qwen3_moe"]
+  base = os.path.dirname(d["ckpt"].rstrip("/"))
+  runs = {"modelopt": ["--format", "modelopt", "--max-shard-size", "48KB"],
+          "ct": ["--format", "compressed-tensors"],
+          "ct-w4a16": ["--format", "compressed-tensors", "--weights-only"]}
+  out = {}
+  for name, flags in runs.items():
+    out[name] = os.path.join(base, f"hf_{name}")
+    assert export.cli_main([d["ckpt"], "--out", out[name], "--calibration-batches", "1", "--calibrate-on-synthetic",
+                            "--no-tokenizer", *flags, *d["overrides"]]) == 0, name
+  return out
+
+
+def _tensors(folder):
+  """``{name: (dtype, shape, file)}`` over every safetensors file of an export."""
+  out = {}
+  for f in sorted(os.listdir(folder)):
+    if f.endswith(".safetensors"):
+      h = _header(os.path.join(folder, f))
+      assert h.pop("__metadata__") == {"format": "pt"}
+      out.update({k: (v["dtype"], tuple(v["shape"]), f) for k, v in h.items()})
+  return out
+
+
+def test_a_sharded_export_has_an_index_that_covers_every_tensor_once(moe_exports):
+  folder = moe_exports["modelopt"]
+  files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+  assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+  with open(os.path.join(folder, "model.safetensors.index.json"), encoding="utf-8") as f:
+    index = json.load(f)
+  t = _tensors(folder)
+  assert index["weight_map"] == {k: v[2] for k, v in t.items()}
+  sizes = {f: os.path.getsize(os.path.join(folder, f)) for f in files}
+  data = sum(e - b for f in files for k, v in _header(os.path.join(folder, f)).items() if k != "__metadata__"
+             for b, e in [v["data_offsets"]])
+  assert index["metadata"]["total_size"] == data
+  # every shard but the one holding an oversized tensor stays within the limit (48 KB of tensor data)
+  assert sum(1 for f in files if sizes[f] > 48_000 + 8 + 16_000) <= 1
+  assert all(stat.S_IMODE(os.stat(os.path.join(folder, n)).st_mode) == 0o644 for n in os.listdir(folder))
+  # per-expert NVFP4 linears under Qwen3-MoE's names; the router is bf16 and excluded
+  p = "model.layers.0.mlp."
+  assert t[p + "experts.3.down_proj.weight"][:2] == ("U8", (64, 32))
+  assert t[p + "experts.3.gate_proj.weight_scale"][:2] == ("F8_E4M3", (64, 4))
+  assert t[p + "gate.weight"][:2] == ("BF16", (4, 64))
+  with open(os.path.join(folder, "hf_quant_config.json"), encoding="utf-8") as f:
+    q = json.load(f)["quantization"]
+  assert q["quant_algo"] == "NVFP4" and {"lm_head", "model.embed_tokens", "model.layers.0.mlp.gate"} <= set(
+      q["exclude_modules"])
+
+
+def test_compressed_tensors_is_the_same_quantization_under_its_names(moe_exports):
+  mo, ct = {}, {}
+  for folder, into in ((moe_exports["modelopt"], mo), (moe_exports["ct"], ct)):
+    for f in os.listdir(folder):
+      if f.endswith(".safetensors"):
+        into.update(_raw(os.path.join(folder, f)))
+  n = "model.layers.1.mlp.experts.2.up_proj"
+  np.testing.assert_array_equal(ct[n + ".weight_packed"], mo[n + ".weight"])
+  np.testing.assert_array_equal(ct[n + ".weight_scale"].view(np.uint8), mo[n + ".weight_scale"].view(np.uint8))
+  assert ct[n + ".weight_global_scale"].shape == (1,) and mo[n + ".weight_scale_2"].shape == ()
+  assert ct[n + ".weight_global_scale"][0] == np.float32(1) / mo[n + ".weight_scale_2"]
+  assert ct[n + ".input_global_scale"][0] == np.float32(1) / mo[n + ".input_scale"]
+  with open(os.path.join(moe_exports["ct"], "config.json"), encoding="utf-8") as f:
+    qc = json.load(f)["quantization_config"]
+  assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "nvfp4-pack-quantized"
+  assert qc["config_groups"]["config_group_0"]["input_activations"]["dynamic"] == "local"
+  assert not os.path.exists(os.path.join(moe_exports["ct"], "hf_quant_config.json"))
+
+
+def test_weights_only_writes_no_activation_scales(moe_exports):
+  t = _tensors(moe_exports["ct-w4a16"])
+  assert not any(k.endswith((".input_global_scale", ".input_scale")) for k in t)
+  assert any(k.endswith(".weight_global_scale") for k in t)
+  with open(os.path.join(moe_exports["ct-w4a16"], "config.json"), encoding="utf-8") as f:
+    group = json.load(f)["quantization_config"]["config_groups"]["config_group_0"]
+  assert group["input_activations"] is None and group["weights"]["group_size"] == 16
+  with open(os.path.join(moe_exports["ct-w4a16"], "maxtext_nvfp4_export.json"), encoding="utf-8") as f:
+    assert json.load(f)["calibration"] is None
+
+
+_DT = {"U8": np.uint8, "F32": np.float32, "BF16": ml_dtypes.bfloat16, "F8_E4M3": ml_dtypes.float8_e4m3fn}
+
+
+def _raw(path):
+  with open(path, "rb") as f:
+    raw = f.read()
+  n = struct.unpack("<Q", raw[:8])[0]
+  header = json.loads(raw[8:8 + n])
+  header.pop("__metadata__")
+  return {k: np.frombuffer(raw[8 + n + h["data_offsets"][0]:8 + n + h["data_offsets"][1]], _DT[h["dtype"]]).reshape(
+      h["shape"]) for k, h in header.items()}
+
+
+def test_eval_quantized_serves_an_moe_checkpoint(checkpoints, tmp_path):
+  from maxtext_nvfp4.tools import eval_quantized  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints["mixtral"]
+  path = tmp_path / "e.json"
+  assert eval_quantized.cli_main([d["ckpt"], "--eval-batches", "1", "--json", str(path), "--mode", "bf16", "--mode",
+                                  "nvfp4-w4a4", *d["overrides"]]) == 0
+  r = json.loads(path.read_text())
+  assert r["served_linears"] == 2 * (4 + 4 * 3)  # q/k/v/o + 4 experts x w1/w3/w2, per layer; routers not served
+  losses = r["losses"]
+  assert all(np.isfinite(v) for v in losses.values()) and losses["bf16"] != losses["nvfp4-w4a4"]
+
+
+def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, capsys):
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("llama2", str(tmp_path), model_name="gemma2-2b"))
+  with pytest.raises(export_arch.UnsupportedModel) as e:
+    export_arch.check_supported(config)
+  msg = str(e.value)
+  assert "\n" not in msg and "decoder_block=gemma2" in msg
+  assert all(f in msg for f in export_families.FAMILIES)
