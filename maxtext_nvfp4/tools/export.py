@@ -381,7 +381,8 @@ def cli_main(argv: list[str]) -> int:
   except OSError as e:  # the disk filled or a permission changed mid-write: the old export is still in place
     return _fail(f"--out {a.out}: writing failed ({e.strerror or e}); nothing was replaced")
   print(f"exported {summary['items']} -> {summary['out']} ({summary['architecture']}, {summary['format']},"
-        f" {len(summary['files'])} file(s) of weights): {len(summary['quantized'])} NVFP4 linears,"
+        f" {sum(f.endswith('.safetensors') for f in summary['files'])} safetensors file(s)):"
+        f" {len(summary['quantized'])} NVFP4 linears,"
         f" {len(summary['excluded'])} excluded modules ({', '.join(summary['excluded'][:4])}"
         f"{', ...' if len(summary['excluded']) > 4 else ''}); tokenizer"
         f" {'written' if summary['tokenizer_copied'] else 'not written (--no-tokenizer)'}")
