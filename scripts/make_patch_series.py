@@ -57,8 +57,8 @@ def render_schema_class() -> str:
   ]
   for f in dataclasses.fields(settings.Nvfp4Settings):
     key = settings.config_key(f.name)
-    choices = settings.CHOICES.get(f.name)
-    ann = f"Literal[{', '.join(json.dumps(c) for c in choices)}]" if choices else str(f.type)
+    choices = settings.schema_choices(f.name) if f.name in settings.CHOICES else None
+    ann = f"Literal[{', '.join(repr(c) if c is None else json.dumps(c) for c in choices)}]" if choices else str(f.type)
     default = json.dumps(f.default) if isinstance(f.default, str) else repr(f.default)
     lines.append(f"  {key}: {ann} = Field({default}, description={json.dumps(settings.KEY_HELP[f.name])})")
   return "\n".join(lines) + "\n"

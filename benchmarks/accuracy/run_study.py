@@ -79,7 +79,7 @@ class Arm:
 
   # Label in tables and run directories.
   name: str
-  # key (>= 3 seeds), ablation, switch, peer, diagnostic.
+  # key (>= 3 seeds), variant (TE PyTorch recipe variants, 3 seeds), ablation, switch, peer, diagnostic.
   group: str
   # Recipe file in recipes/.
   recipe: str
@@ -181,6 +181,34 @@ ARMS: tuple[Arm, ...] = (
     Arm(name="qwen3_nvfp4", group="key", family="qwen3", recipe="demo_qwen3_nvfp4.yml",
         description="ours, the full TE recipe on all 7 projections of all 4 qwen3 layers"),
 )
+# TE 2.20.2 PyTorch recipe variants (issue 27), each with per-GEMM quantization statistics every 50 steps
+# (nvfp4_diagnostics: observes only, the numbers of the run are unchanged). 4over6 on activations needs
+# nvfp4_rht=false (TE refuses 4over6 with RHT): those arms change two things against nvfp4.
+_DIAG = ("nvfp4_diagnostics=true", "nvfp4_diagnostics_interval=50")
+VARIANT_ARMS: tuple[Arm, ...] = (
+    Arm(name="nvfp4_diag", group="variant", recipe="demo_nvfp4.yml", overrides=_DIAG,
+        description="the nvfp4 arm with diagnostics on (its per-GEMM quantization error is the variants' baseline)"),
+    Arm(name="nvfp4_4o6_w", group="variant", recipe="demo_nvfp4.yml", overrides=("nvfp4_4over6=weights", *_DIAG),
+        description="4over6 on the weights (16x16 tiles, MAE, E4M3 bound 256: TE's defaults)"),
+    Arm(name="nvfp4_4o6_a", group="variant", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_4over6=activations", "nvfp4_rht=false", *_DIAG),
+        description="4over6 on the activations (both copies; MAE, bound 256), RHT off (TE refuses 4over6 with RHT)"),
+    Arm(name="nvfp4_4o6_all", group="variant", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_4over6=all", "nvfp4_rht=false", *_DIAG),
+        description="4over6 on weights and activations (MAE, bound 256), RHT off"),
+    Arm(name="nvfp4_rowscaled", group="variant", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_row_scaled_activation=true", *_DIAG),
+        description="row-scaled activations: one amax per row of each copy of x"),
+    Arm(name="nvfp4_bwd_hp", group="variant", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_backward_override=high_precision", *_DIAG),
+        description="backward override high_precision: dgrad/wgrad in BF16 on the original operands"),
+    Arm(name="nvfp4_bwd_dq", group="variant", recipe="demo_nvfp4.yml",
+        overrides=("nvfp4_backward_override=dequantized", *_DIAG),
+        description="backward override dequantized: dgrad/wgrad in BF16 on the forward's dequantized NVFP4 x and W"),
+    Arm(name="nvfp4_no_rht3", group="variant", recipe="demo_nvfp4.yml", overrides=("nvfp4_rht=false", *_DIAG),
+        description="nvfp4 without RHT, 3 seeds: the comparator of the 4over6-activation arms"),
+)
+ARMS = ARMS + VARIANT_ARMS
 ARM_BY_NAME = {a.name: a for a in ARMS}
 
 
@@ -247,7 +275,7 @@ class RunSpec:
 
 
 def seeds_of(arm: Arm, sizing: Sizing) -> list[int]:
-  n = sizing.key_seeds if arm.group == "key" else sizing.peer_seeds if arm.group in ("peer", "diagnostic") else 1
+  n = sizing.key_seeds if arm.group in ("key", "variant") else sizing.peer_seeds if arm.group in ("peer", "diagnostic") else 1
   return list(range(n))
 
 
@@ -278,8 +306,8 @@ def build_runs(sizing: Sizing, out: Path, *, arms: Sequence[str] | None = None, 
       runs.append(RunSpec(arm=arm, seed=seed, out=d, argv=argv))
   def prio(r: RunSpec) -> int:
     if r.seed == 0:
-      return {"key": 0, "peer": 1, "ablation": 3, "switch": 4, "diagnostic": 5}[r.arm.group]
-    return 2 if r.arm.group == "key" else 5
+      return {"key": 0, "peer": 1, "ablation": 3, "switch": 4, "diagnostic": 5, "variant": 6}[r.arm.group]
+    return 2 if r.arm.group == "key" else 7 if r.arm.group == "variant" else 5
 
   return sorted(runs, key=prio)
 

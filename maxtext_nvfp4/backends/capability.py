@@ -16,6 +16,11 @@ recipe, which rounds gradients stochastically, trains on zeroed gradients. Fixed
 2.19 release branch (``release_v2.19``, VERSION 2.19.0; v2.18 was tagged before the merge). So on 12.x
 with an older TE, ``auto`` picks ``emulate`` (saying why) and ``te`` is refused naming the minimum version.
 
+Recipe options TE JAX does not have (``nvfp4_4over6``, ``nvfp4_row_scaled_activation``,
+``nvfp4_backward_override``: TE PyTorch only, :func:`te_jax_option_problem`): given the run's ``settings``,
+``auto`` picks ``emulate`` even on Blackwell and says which option made it, as for MoE experts; ``te`` is
+refused in one line naming the option, before any device check.
+
 Why ``>= 10.0``: TE JAX refuses NVFP4 below that (``_check_fp4_support``: "Device compute capability
 10.0 or higher required for NVFP4 execution."); Hopper (9.0) has no FP4 tensor cores.
 
@@ -33,6 +38,7 @@ import importlib.metadata
 import logging
 from typing import Any, Callable, Sequence
 
+from maxtext_nvfp4.core import recipe_options
 from maxtext_nvfp4.core import settings
 
 BACKENDS = settings.BACKENDS
@@ -166,13 +172,29 @@ def _te_problem(version: str | None) -> str | None:
   return None if err is None else f"Transformer Engine {version} is installed but transformer_engine.jax fails to import ({err})"
 
 
-def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = None) -> BackendChoice:
+def te_jax_option_problem(s) -> str | None:
+  """``"<key>=<value> (...)"`` for the first recipe option of ``s`` TE JAX (2.20.2) does not have, or None.
+
+  Its ``NVFP4BlockScaling`` has these fields, but TE JAX's quantize config reads only disable_rht,
+  disable_stochastic_rounding and disable_2d_quantization (``NVFP4ScalingQuantizeConfig``): 4over6, row-scaled
+  activations and the backward override exist in TE PyTorch only.
+  """
+  opts = recipe_options.options_of(s).te_pytorch_only()
+  if not opts:
+    return None
+  return f"{opts[0]} (a TE PyTorch recipe option that Transformer Engine JAX does not implement)"
+
+
+def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = None,
+                   settings: Any = None) -> BackendChoice:
   """Resolve ``nvfp4_backend`` to ``emulate`` or ``te`` (see the module docstring for the rule).
 
   Args:
     requested: ``auto`` | ``emulate`` | ``te``.
     devices: the local devices to judge (default ``jax.local_devices()``); anything with ``platform``,
       ``device_kind``, ``id`` and, for CUDA, ``compute_capability`` works (tests pass fakes).
+    settings: the run's ``Nvfp4Settings`` (optional): a recipe option TE JAX lacks makes ``auto`` emulate
+      (saying which) and ``te`` fail.
 
   Raises:
     BackendError: unknown ``requested``, or ``te`` requested where it cannot run (one line).
@@ -182,6 +204,10 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
     raise BackendError(f"nvfp4_backend={requested!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
   if requested == "emulate":
     return BackendChoice(name="emulate", reason="nvfp4_backend=emulate requested: exact pure-JAX NVFP4 emulation")
+  option_problem = te_jax_option_problem(settings) if settings is not None else None
+  if option_problem and requested == "te":
+    raise BackendError(f"nvfp4_backend=te cannot run {option_problem}; set nvfp4_backend=emulate (or auto, which"
+                       " runs it emulated), or drop the option")
   if devices is None:
     import jax  # pylint: disable=import-outside-toplevel
 
@@ -198,6 +224,9 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
       raise BackendError(f"nvfp4_backend=te cannot run: {sr_problem}; {fix}, or set nvfp4_backend=emulate")
     return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {sr_problem}; using the exact emulation ({fix}"
                                                 " to use TE)")
+  if device_problem is None and te_problem is None and option_problem:
+    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: Transformer Engine {version} could run here,"
+                                                f" but not {option_problem}; using the exact emulation")
   if device_problem is None and te_problem is None:
     kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
     reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from maxtext_nvfp4.backends.capability import BackendError
+from maxtext_nvfp4.backends.capability import BackendError, te_jax_option_problem
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import te_limits
 
@@ -62,9 +62,19 @@ def check_te_settings(settings) -> None:
     per-tensor RHT toggle (only ``disable_rht``, global), so nothing maps the emulation's variant (RHT on
     the wgrad operands x and dy only, 1x16 W without RHT) onto TE: refused.
 
+  * any recipe option TE JAX (2.20.2) does not have -- ``nvfp4_4over6``, ``nvfp4_row_scaled_activation``,
+    ``nvfp4_backward_override`` (``RecipeOptions`` fields with ``te_jax=False``): TE JAX's
+    ``NVFP4ScalingQuantizeConfig`` reads only disable_rht / disable_stochastic_rounding /
+    disable_2d_quantization of the recipe, so TE would silently run the standard recipe. Refused, naming
+    the option (``nvfp4_backend=auto`` runs such a recipe emulated instead, see ``capability.choose_backend``).
+
   The late precision switch is mapped (a ``lax.cond`` between TE's NVFP4 ``dense`` and the FP8 / BF16 one,
   :mod:`maxtext_nvfp4.integration.te_quantization`).
   """
+  problem = te_jax_option_problem(settings)
+  if problem:
+    raise BackendError(f"nvfp4_backend=te cannot run {problem}; set nvfp4_backend=emulate (or auto, which runs it"
+                       " emulated), or drop the option")
   if settings.rht and not settings.two_d_weights:
     raise BackendError(
         "nvfp4_2d_weights=false with nvfp4_rht=true cannot run on Transformer Engine: TE applies RHT to the"

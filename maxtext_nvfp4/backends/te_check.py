@@ -39,6 +39,10 @@ from typing import Any
 
 import numpy as np
 
+# 6 * 448: TE JAX's global denominator. Every NVFP4 tensor TE JAX makes has the E4M3 bound 448 (its recipe
+# has no 4over6, whose 256 bound exists in TE PyTorch only); the emulation's is per tensor (NVFP4Tensor.e4m3_bound).
+_TE_JAX_DENOMINATOR = 2688.0
+
 GEMM_TOL = 8e-3  # TE tests/pytorch/nvfp4/test_nvfp4_gemm_exact.py: atol = rtol = 8e-3
 SR_RTOL, SR_ATOL = 0.2, 1e-4  # TE tests/jax/test_custom_call_compute.py test_sr_nvfp4
 
@@ -143,7 +147,7 @@ def _sr_stats(x32: np.ndarray, draws: list[np.ndarray], rn: np.ndarray) -> dict[
 
 def _dequant(data, scale, amax) -> np.ndarray:
   d = _f32(data)
-  return d * expand_scale(scale, d.shape) * (np.float32(_f32(amax).reshape(-1)[0]) / np.float32(2688.0))
+  return d * expand_scale(scale, d.shape) * (np.float32(_f32(amax).reshape(-1)[0]) / np.float32(_TE_JAX_DENOMINATOR))
 
 
 def _rowwise(t):

@@ -90,6 +90,9 @@ class TensorSpec:
   block_2d: bool = False
   # draw stochastic rounding with the key passed to tensor_sums (dy when the recipe uses SR)
   stochastic: bool = False
+  # the tensor's scale rule (the recipe's: 4over6, E4M3 bound, row-scaled x); None: TE's standard rule.
+  # With 16x16 tiles and 4over6, ``axis`` is the axis the tile error is summed along (0: fprop's copy).
+  rule: numerics.ScaleRule | None = None
 
 
 def group_name(kind: str, layer: int | None, *, first: int | None, last: int | None) -> str:
@@ -165,7 +168,7 @@ def tensor_sums(t, spec: TensorSpec = TensorSpec(), key=None) -> dict[str, jax.A
   axes = (0, 1) if spec.block_2d else (spec.axis % 2,)
   t = _pad_to_block(t, axes)
   q = numerics.quantize(t, axis=spec.axis, block_2d=spec.block_2d,
-                        stochastic_key=key if spec.stochastic else None)
+                        stochastic_key=key if spec.stochastic else None, scale_rule=spec.rule)
   d = numerics.dequantize(q, jnp.float32)
   tf = t.astype(jnp.float32)
   # Zero tests on the bits: XLA:CPU compares with denormals-are-zero, and bf16/fp32 subnormals are
@@ -190,7 +193,7 @@ def tensor_sums(t, spec: TensorSpec = TensorSpec(), key=None) -> dict[str, jax.A
       "blocks": jnp.int32(s8.size),
       "scale_sat": jnp.sum(s8 == numerics.E4M3_MAX, dtype=jnp.int32),
       "scale_zero": jnp.sum((s8 == 0) & block_nz, dtype=jnp.int32),
-      "amax": q.amax,
+      "amax": jnp.max(q.amax),  # row-scaled: the largest row amax
   }
 
 
@@ -198,7 +201,8 @@ _DY_KEY_TAG = 3  # fold_in tag of the diagnostic SR draw (gemm uses 1 and 2 for 
 
 
 def instrument(lhs, rhs, dimension_numbers, out, *, step, interval: int, group: str, two_d_weights: bool = True,
-               stochastic: bool = False, key=None, aggregator: "Aggregator | None" = None):
+               stochastic: bool = False, key=None, aggregator: "Aggregator | None" = None,
+               x_rule: numerics.ScaleRule | None = None, w_rule: numerics.ScaleRule | None = None):
   """Report the statistics of x and W now and of dy in the backward pass, on steps ``step % interval == 0``.
 
   Returns ``out`` unchanged (through an identity ``custom_vjp`` whose backward sees dy = d loss / d out).
@@ -206,16 +210,19 @@ def instrument(lhs, rhs, dimension_numbers, out, *, step, interval: int, group: 
   flipping it never recompiles. Reports go to ``aggregator.report`` via ``jax.debug.callback``
   (tensor ``x``: 1x16 along K, RNE; ``w``: 16x16 if ``two_d_weights`` else 1x16 along K, RNE; ``dy``:
   1x16 along N, stochastic rounding with ``fold_in(key, 3)`` if ``stochastic``, i.e. an independent draw
-  with the dgrad GEMM's distribution). Called only when diagnostics are on (a trace-time decision).
+  with the dgrad GEMM's distribution). ``x_rule`` / ``w_rule``: the recipe's scale rules of x and W (4over6,
+  E4M3 bound, row-scaled x; None: TE's standard), so the statistics are those of the operands the fprop
+  uses. Called only when diagnostics are on (a trace-time decision).
   """
   agg = AGGREGATOR if aggregator is None else aggregator
   step = jnp.asarray(step, jnp.int32)
   on = (step % jnp.int32(interval)) == 0
   x, w = gemm_matrices(lax.stop_gradient(lhs), lax.stop_gradient(rhs), dimension_numbers)
-  w_spec = TensorSpec(axis=0, block_2d=bool(two_d_weights))
+  w_spec = TensorSpec(axis=0, block_2d=bool(two_d_weights), rule=w_rule)
 
   def forward_stats(step, x, w):
-    jax.debug.callback(functools.partial(agg.report, group=group, tensor="x"), step, tensor_sums(x, TensorSpec(axis=1)))
+    jax.debug.callback(functools.partial(agg.report, group=group, tensor="x"), step,
+                       tensor_sums(x, TensorSpec(axis=1, rule=x_rule)))
     jax.debug.callback(functools.partial(agg.report, group=group, tensor="w"), step, tensor_sums(w, w_spec))
 
   lax.cond(on, forward_stats, lambda *_: None, step, x, w)

@@ -22,6 +22,22 @@ Core's NVFP4 GEMM up to the (unspecified) accumulation order. With RHT, both wgr
 rotated by the same orthogonal ``diag(s) H16 / 4`` along tokens, so ``(xM)ᵀ(dyM) = xᵀ dy`` in exact
 arithmetic; the quantization happens in the rotated domain and the result needs no inverse transform.
 
+Recipe options (:class:`~maxtext_nvfp4.core.recipe_options.RecipeOptions`, inherited by :class:`GemmRecipe`)
+change the operands' quantizers (``GemmRecipe.scale_rule``: 4over6 on W and/or x, E4M3 bound 256, one amax
+per row of x) and the backward (``backward_override``):
+
+  high_precision   dgrad dx = dy · Wᵀ, wgrad dW = xᵀ · dy as "bf16" passes on the original operands
+  dequantized      dx = dy · deq(W_f)ᵀ,  dW = deq(x_f)ᵀ · dy  ("dequantized" passes): W_f, x_f the operands
+                   as the fprop quantized them (RNE, so re-quantized from the saved x and W in the backward:
+                   the same bits), deq = TE's CUDA dequantize (``numerics.dequantize_kernel_order``) to the
+                   activation dtype, dy unquantized, fp32 accumulation (TE PyTorch ``Linear``)
+
+A tensor with E4M3 bound B contributes ``fl(amax * fl32(1 / 6B))`` to alpha (the standard B = 448 gives
+the 1/2688 above); a row-scaled x contributes one such factor per row of the output (fprop: per token;
+wgrad: per input feature, its wgrad copy's amax being per column of x). With 4over6 2D weights, fprop and
+dgrad use two quantizations of W (TE's rowwise and columnwise copies, whose 4over6 errors are summed along
+K and along N respectively), not one shared tensor.
+
 Outputs: y in ``preferred_element_type`` (default: the inputs' dtype), dx in x's dtype, dW in W's
 dtype. Other precisions per pass: ``"bf16"`` is a plain ``dot_general`` of the unquantized operands with
 fp32 accumulation; ``"fp8"`` is TE's per-tensor current-scaling FP8, HYBRID (E4M3 x and W, E5M2 dy), see
@@ -76,6 +92,7 @@ from jax import lax
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as numerics
+from maxtext_nvfp4.core import recipe_options
 
 __all__ = ["AmaxGroups", "GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
 
@@ -87,42 +104,55 @@ _WGRAD_KEY_TAG = 2
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class GemmRecipe:
-  """Precision and NVFP4 options of the three GEMMs of one linear layer."""
+class GemmRecipe(recipe_options.RecipeOptions):
+  """Precision and NVFP4 options of the three GEMMs of one linear layer (the options: inherited fields)."""
 
   # Precision of y = x·W: "nvfp4" | "bf16" | "fp8".
   fprop: str = "nvfp4"
-  # Precision of dx = dy·Wᵀ.
+  # Precision of dx = dy·Wᵀ as planned (``backward_override`` may turn nvfp4 into bf16 / dequantized).
   dgrad: str = "nvfp4"
-  # Precision of dW = xᵀ·dy.
+  # Precision of dW = xᵀ·dy as planned (likewise).
   wgrad: str = "nvfp4"
-  # RHT16 along tokens on both wgrad operands (nvfp4 wgrad only).
-  rht: bool = True
-  # Stochastic rounding of dy for the dgrad and wgrad operands (nvfp4 only); needs a key.
-  stochastic_rounding: bool = True
-  # 16x16 weight tiles shared by fprop and dgrad; False: 1x16 along each GEMM's contraction.
-  two_d_weights: bool = True
 
   def __post_init__(self):
     for name in ("fprop", "dgrad", "wgrad"):
       v = getattr(self, name)
       if v not in PRECISIONS:
         raise ValueError(f"GemmRecipe.{name}={v!r}: choose one of {PRECISIONS}")
+    for f in recipe_options.option_fields():
+      v, choices = getattr(self, f.name), f.metadata["choices"]
+      if choices and v not in choices:
+        raise ValueError(f"GemmRecipe.{f.name}={v!r}: choose one of {choices}")
+    refused = recipe_options.refusal(self)
+    if refused:
+      raise ValueError(refused)
+
+  def precision(self, name: str) -> str:
+    """What pass ``name`` computes: its planned precision, the backward passes after ``backward_override``
+    ("nvfp4" | "bf16" | "fp8" | "dequantized")."""
+    p = getattr(self, name)
+    return p if name == "fprop" else self.backward_precision(p)
+
+  def scale_rule(self, tensor: str) -> numerics.ScaleRule:
+    """The quantizer rule of ``tensor`` ("weight" | "activation" | "gradient") under these options."""
+    return numerics.ScaleRule(selection="4over6" if self.uses_4over6(tensor) else "max",
+                              err_mode=self.four_over_six_err_mode, e4m3_bound=self.e4m3_bound(tensor),
+                              row_scaled=self.row_scaled(tensor))
 
   def needs_key(self) -> bool:
     """True when a pass uses stochastic rounding (an nvfp4 dgrad or wgrad with SR on)."""
-    return self.stochastic_rounding and "nvfp4" in (self.dgrad, self.wgrad)
+    return self.stochastic_rounding and "nvfp4" in (self.precision("dgrad"), self.precision("wgrad"))
 
   def _pass_signature(self, name: str):
-    """Everything that pass ``name`` depends on (equal signatures -> identical computation)."""
-    p = getattr(self, name)
-    if p != "nvfp4":
+    """Everything pass ``name`` depends on (equal signatures -> identical computation), derived from the
+    fields: its precision, and for a quantized pass every recipe option (plus, for a pass on the dequantized
+    forward operands, the fprop precision that quantized them). A new option is part of it by construction,
+    so the late switch's ``lax.cond`` cannot ignore it."""
+    p = self.precision(name)
+    if p in ("bf16", "fp8"):
       return (p,)
-    if name == "fprop":
-      return (p, self.two_d_weights)
-    if name == "dgrad":
-      return (p, self.two_d_weights, self.stochastic_rounding)
-    return (p, self.rht, self.stochastic_rounding)
+    opts = tuple(getattr(self, f.name) for f in recipe_options.option_fields())
+    return (p,) + opts + ((self.fprop,) if p == "dequantized" else ())
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -230,7 +260,8 @@ def _batched_dot_f32(a3, b3):
   return lax.platform_dependent(cpu=widened, default=native)
 
 
-def _grouped_dot(a3, amax_a, b3, amax_b, out_dtype):
+def _grouped_dot(a3, amax_a, b3, amax_b, out_dtype, bound_a: int = numerics.E4M3_MAX,
+                 bound_b: int = numerics.E4M3_MAX):
   """The GEMM of operands with amax grids, per contraction group (see AmaxGroups).
 
   ``a3`` (g, m, k/g) and ``b3`` (g, k/g, n): the operands cut into the ``g`` contraction groups along a
@@ -241,7 +272,8 @@ def _grouped_dot(a3, amax_a, b3, amax_b, out_dtype):
   g, m, n = a3.shape[0], a3.shape[1], b3.shape[2]
   rows = jnp.repeat(jnp.repeat(amax_a, m // amax_a.shape[0], 0), g // amax_a.shape[1], 1).T  # (g, m)
   cols = jnp.repeat(jnp.repeat(amax_b, g // amax_b.shape[0], 0), n // amax_b.shape[1], 1)  # (g, n)
-  parts = (_batched_dot_f32(a3, b3) * gemm_alpha(rows[:, :, None], cols[:, None, :])).astype(out_dtype)
+  alpha = gemm_alpha(rows[:, :, None], cols[:, None, :], bound_a, bound_b)
+  parts = (_batched_dot_f32(a3, b3) * alpha).astype(out_dtype)
   out = parts[0]
   for i in range(1, g):
     out = (out + parts[i]).astype(out_dtype)
@@ -275,11 +307,13 @@ def _plain_dot(a, b, contract, out_dtype):
   return y.astype(out_dtype)
 
 
-# fl32(1 / 2688): the constant XLA's algebraic simplifier substitutes for ``/ 2688.`` (see gemm_alpha).
-_RECIP_GLOBAL_DENOM = np.float32(1.0) / np.float32(numerics.E4M3_MAX * numerics.E2M1_MAX)
+def _recip_denominator(bound: int) -> np.float32:
+  """fl32(1 / (6 * bound)): the constant XLA's algebraic simplifier substitutes for ``/ (6 * bound).``
+  (``fl32(1 / 2688)`` for TE's standard bound; see gemm_alpha)."""
+  return numerics.RECIP_GLOBAL_DENOMINATOR[int(bound)]
 
 
-def gemm_alpha(amax_a, amax_b):
+def gemm_alpha(amax_a, amax_b, bound_a: int = numerics.E4M3_MAX, bound_b: int = numerics.E4M3_MAX):
   """The fp32 factor of an NVFP4 GEMM: ``fl( fl(amax_a * c) * fl(amax_b * c) )``, ``c = fl32(1/2688)``.
 
   TE JAX writes ``alpha = (amax_a / 2688.) * (amax_b / 2688.)`` inside jitted code
@@ -300,27 +334,37 @@ def gemm_alpha(amax_a, amax_b):
 
   ``numerics.dequantize`` keeps the true division ``amax / 2688``: that is TE's dequantizer as the golden
   files define it (run eagerly), not the GEMM.
+
+  ``bound_a`` / ``bound_b``: each operand's E4M3 bound (TE PyTorch's 4over6 variant: 256), its factor then
+  ``fl(amax * fl32(1 / 6B))`` -- the same expression with that tensor's denominator (TE JAX has no such
+  tensor; TE PyTorch's reference divides ``amax_a * amax_b`` by ``36 * B_a * B_b`` once, its kernels apply
+  the per-row scales to the fp32 output: neither is bit-checkable, the accumulation order being unspecified).
+  Row-scaled amaxes broadcast (one alpha per output row).
   """
-  c = _RECIP_GLOBAL_DENOM
-  return (jnp.asarray(amax_a, jnp.float32) * c) * (jnp.asarray(amax_b, jnp.float32) * c)
+  ca, cb = _recip_denominator(bound_a), _recip_denominator(bound_b)
+  return (jnp.asarray(amax_a, jnp.float32) * ca) * (jnp.asarray(amax_b, jnp.float32) * cb)
 
 
 def _gemm_view(q):
-  """(``q * s8`` values in bf16, amax) of an operand: an NVFP4Tensor (kept for reuse or as a residual)
-  or the ``(values, amax)`` pair of ``numerics.quantize_values`` (a single-use operand). A grouped operand
-  (leading (gr, gc) dims, :func:`_quantize_grouped`) gives its merged 2D values and its (gr, gc) amax grid."""
+  """(``q * s8`` values in bf16, amax, E4M3 bound, grouped) of an operand: an NVFP4Tensor (kept for reuse or
+  as a residual) or the ``(values, amax, bound)`` of :func:`_operand` (a single-use operand). A grouped
+  operand (leading (gr, gc) dims, :func:`_quantize_grouped`) gives its merged 2D values and its (gr, gc) amax
+  grid; otherwise the amax is a scalar, or (row-scaled) one per row of the quantized copy."""
   if isinstance(q, numerics.NVFP4Tensor):
     if q.data.ndim == 4:
-      return _merge_groups(jax.vmap(jax.vmap(numerics.block_values))(q)), q.amax
-    return numerics.block_values(q, jnp.bfloat16), q.amax
-  values, amax = q
-  return (_merge_groups(values), amax) if values.ndim == 4 else (values, amax)
+      return _merge_groups(jax.vmap(jax.vmap(numerics.block_values))(q)), q.amax, q.e4m3_bound, True
+    return numerics.block_values(q, jnp.bfloat16), q.amax, q.e4m3_bound, False
+  values, amax, bound = q
+  return (_merge_groups(values), amax, bound, True) if values.ndim == 4 else (values, amax, bound, False)
 
 
 def _nvfp4_dot(qa, qb, contract, out_dtype):
-  (va, amax_a), (vb, amax_b) = _gemm_view(qa), _gemm_view(qb)
-  if amax_a.ndim == 0 and amax_b.ndim == 0:
-    return _scaled_dot(va, vb, contract, gemm_alpha(amax_a, amax_b), out_dtype)
+  (va, amax_a, ba, ga), (vb, amax_b, bb, gb) = _gemm_view(qa), _gemm_view(qb)
+  if not (ga or gb):
+    # Per-tensor amaxes, or a row-scaled one: oriented as output rows (a) / output columns (b).
+    ra = amax_a.T if jnp.ndim(amax_a) == 2 and contract[0] == 0 else amax_a  # wgrad: xᵀ, per column of x
+    rb = amax_b.T if jnp.ndim(amax_b) == 2 and contract[1] == 1 else amax_b
+    return _scaled_dot(va, vb, contract, gemm_alpha(ra, rb, ba, bb), out_dtype)
   grid = lambda amax: jnp.reshape(amax, (1, 1)) if amax.ndim == 0 else amax  # noqa: E731
   # Grids as (rows, contraction) for a and (contraction, columns) for b.
   amax_a = grid(amax_a).T if contract[0] == 0 else grid(amax_a)  # wgrad: xᵀ · dy
@@ -328,43 +372,78 @@ def _nvfp4_dot(qa, qb, contract, out_dtype):
   g = max(amax_a.shape[1], amax_b.shape[0])
   a3 = _contraction_groups(va, contract[0], g, lhs=True)
   b3 = _contraction_groups(vb, contract[1], g, lhs=False)
-  return _grouped_dot(a3, amax_a, b3, amax_b, out_dtype)
+  return _grouped_dot(a3, amax_a, b3, amax_b, out_dtype, ba, bb)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
   return _scaled_dot(qa.values(jnp.bfloat16), qb.values(jnp.bfloat16), contract, qa.scale_inv * qb.scale_inv, out_dtype)
 
 
-def _quantize_weight(w, two_d: bool, contraction_axis: int, groups: AmaxGroups | None = None):
+def _quantize_weight(w, two_d: bool, contraction_axis: int, groups: AmaxGroups | None = None,
+                     rule: numerics.ScaleRule | None = None):
   """W (K, N) quantized for fprop (contraction_axis 0) or dgrad (1), zero-padded as the blocks need.
 
-  2D: 16x16 tiles over both (padded) axes, identical for both passes. 1D: 1x16 along the contraction.
-  ``groups``: one amax per (w_k x w_n) block (no padding then).
+  2D: 16x16 tiles over both (padded) axes, identical for both passes under TE's standard rule (with 4over6
+  the tile's error is summed along the contraction: TE's rowwise copy for fprop, columnwise for dgrad).
+  1D: 1x16 along the contraction. ``groups``: one amax per (w_k x w_n) block (no padding then).
   """
   k, n = w.shape
   if groups is not None and not groups.trivial:
-    fn = (lambda b, _: numerics.quantize(b, block_2d=True)) if two_d else (
-        lambda b, _: numerics.quantize(b, axis=contraction_axis))
+    fn = (lambda b, _: numerics.quantize(b, block_2d=True, axis=contraction_axis, scale_rule=rule)) if two_d else (
+        lambda b, _: numerics.quantize(b, axis=contraction_axis, scale_rule=rule))
     return _quantize_grouped(fn, w, (groups.w_k, groups.w_n))
   if two_d:
-    return numerics.quantize(_pad_to(w, (_round_up(k), _round_up(n))), block_2d=True)
+    return numerics.quantize(_pad_to(w, (_round_up(k), _round_up(n))), block_2d=True, axis=contraction_axis,
+                             scale_rule=rule)
   shape = (_round_up(k), n) if contraction_axis == 0 else (k, _round_up(n))
-  return numerics.quantize(_pad_to(w, shape), axis=contraction_axis)
+  return numerics.quantize(_pad_to(w, shape), axis=contraction_axis, scale_rule=rule)
 
 
-def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None):
+def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None, rule: numerics.ScaleRule | None = None):
   """x (M, K) quantized 1x16 along tokens (rows), RHT-rotated when ``rht``; RNE. Tokens zero-padded
   (``groups``: one amax per (tokens x x_k) block, no padding)."""
   if groups is not None and not groups.trivial:
-    return _quantize_grouped(lambda b, _: numerics.quantize(b, axis=0, rht=rht), x, (groups.tokens, groups.x_k))
-  return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht)
+    return _quantize_grouped(lambda b, _: numerics.quantize(b, axis=0, rht=rht, scale_rule=rule), x,
+                             (groups.tokens, groups.x_k))
+  return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht, scale_rule=rule)
 
 
-def _quantize_operand(a, groups: tuple[int, int] | None, key=None, **kw):
-  """``numerics.quantize_values(a, **kw)``, per amax block when ``groups`` is not (1, 1) (see AmaxGroups)."""
+def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None, key=None, **kw):
+  """``(values, amax, bound)`` of ``numerics.quantize_values(a, **kw)`` under ``rule``, per amax block when
+  ``groups`` is not (1, 1) (see AmaxGroups)."""
   if groups is None or groups == (1, 1):
-    return numerics.quantize_values(a, stochastic_key=key, **kw)
-  return _quantize_grouped(lambda b, k: numerics.quantize_values(b, stochastic_key=k, **kw), a, groups, key)
+    v, amax = numerics.quantize_values(a, stochastic_key=key, scale_rule=rule, **kw)
+  else:
+    v, amax = _quantize_grouped(lambda b, k: numerics.quantize_values(b, stochastic_key=k, scale_rule=rule, **kw),
+                                a, groups, key)
+  return v, amax, rule.e4m3_bound
+
+
+def _dequantized(t, dtype):
+  """TE's CUDA dequantize of an NVFP4Tensor (a grouped one: per block, merged), as 2D ``dtype``."""
+  if t.data.ndim == 4:
+    return _merge_groups(jax.vmap(jax.vmap(lambda b: numerics.dequantize_kernel_order(b, dtype)))(t))
+  return numerics.dequantize_kernel_order(t, dtype)
+
+
+def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: AmaxGroups | None):
+  """x (M, K) or W (K, N) as the fprop consumed it, in ``dtype`` (``backward_override="dequantized"``):
+  NVFP4 -> TE's CUDA dequantize of the fprop quantization (RNE: re-quantizing gives the fprop's bits);
+  fp8 -> its dequantized values; bf16 -> the operand itself."""
+  if r.fprop == "bf16":
+    return a.astype(dtype)
+  if r.fprop == "fp8":
+    q = fp8.quantize(a, "e4m3")
+    return (q.values(jnp.float32) * q.scale_inv).astype(dtype)
+  m, n = a.shape
+  if which == "weight":
+    t = _quantize_weight(a, r.two_d_weights, 0, groups, r.scale_rule("weight"))
+  elif groups is not None and not groups.trivial:
+    rule = r.scale_rule("activation")
+    t = _quantize_grouped(lambda b, _: numerics.quantize(b, axis=1, scale_rule=rule), a, (groups.tokens, groups.x_k))
+  else:
+    t = numerics.quantize(_pad_to(a, (m, _round_up(n))), axis=1, scale_rule=r.scale_rule("activation"))
+  return _dequantized(t, dtype)[:m, :n]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,40 +456,50 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = 
   if r.fprop == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
   if qw is None:
-    qw = _quantize_weight(w, r.two_d_weights, 0, groups)
+    qw = _quantize_weight(w, r.two_d_weights, 0, groups, r.scale_rule("weight"))
+  x_rule = r.scale_rule("activation")
   if groups is not None and not groups.trivial:
-    qx = _quantize_operand(x, (groups.tokens, groups.x_k), axis=1)
-    return _nvfp4_dot(qx, qw, (1, 0), out_dtype)
-  qx = numerics.quantize_values(_pad_to(x, (x.shape[0], qw.shape[0])), axis=1)
+    return _nvfp4_dot(_operand(x, x_rule, (groups.tokens, groups.x_k), axis=1), qw, (1, 0), out_dtype)
+  qx = _operand(_pad_to(x, (x.shape[0], qw.shape[0])), x_rule, axis=1)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
 def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None):
   """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad."""
-  if r.dgrad == "bf16":
+  p = r.precision("dgrad")
+  if p == "bf16":
     return _plain_dot(dy, w, (1, 1), out_dtype)
-  if r.dgrad == "fp8":
+  if p == "dequantized":  # dy unquantized x W as the fprop quantized it, in the activation dtype
+    return _plain_dot(dy, _fprop_operand_dequantized(r, w, "weight", out_dtype, groups), (1, 1), out_dtype)
+  if p == "fp8":
     return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
-  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1, groups)
+  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1, groups,
+                                                                       r.scale_rule("weight"))
   sr = key if r.stochastic_rounding else None
+  dy_rule = r.scale_rule("gradient")
   if groups is not None and not groups.trivial:
-    return _nvfp4_dot(_quantize_operand(dy, (groups.tokens, groups.dy_n), sr, axis=1), qw, (1, 1), out_dtype)
-  qdy = numerics.quantize_values(_pad_to(dy, (dy.shape[0], qw.shape[1])), axis=1, stochastic_key=sr)
+    return _nvfp4_dot(_operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, axis=1), qw, (1, 1), out_dtype)
+  qdy = _operand(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, key=sr, axis=1)
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
 
 def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = None):
   """``x``: the (M, K) activations, or (nvfp4 only) their NVFP4Tensor quantized for wgrad."""
-  if r.wgrad == "bf16":
+  p = r.precision("wgrad")
+  if p == "bf16":
     return _plain_dot(x, dy, (0, 0), out_dtype)
-  if r.wgrad == "fp8":
+  if p == "dequantized":  # x as the fprop quantized it (activation dtype) x dy unquantized
+    return _plain_dot(_fprop_operand_dequantized(r, x, "activation", x.dtype, groups), dy, (0, 0), out_dtype)
+  if p == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(dy, "e5m2"), (0, 0), out_dtype)
-  qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht, groups)
+  qx = x if isinstance(x, numerics.NVFP4Tensor) else _quantize_x_for_wgrad(x, r.rht, groups,
+                                                                           r.scale_rule("activation"))
   sr = key if r.stochastic_rounding else None
+  dy_rule = r.scale_rule("gradient")
   if groups is not None and not groups.trivial:
-    return _nvfp4_dot(qx, _quantize_operand(dy, (groups.tokens, groups.dy_n), sr, axis=0, rht=r.rht), (0, 0),
+    return _nvfp4_dot(qx, _operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, axis=0, rht=r.rht), (0, 0),
                       out_dtype)
-  qdy = numerics.quantize_values(_pad_to(dy, (qx.shape[0], dy.shape[1])), axis=0, rht=r.rht, stochastic_key=sr)
+  qdy = _operand(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, key=sr, axis=0, rht=r.rht)
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 
 
@@ -444,24 +533,30 @@ class _Static:
   def _branches(self):
     return (self.recipe,) if self.switched is None else (self.recipe, self.switched)
 
+  def _same(self, name: str) -> bool:
+    """Pass ``name`` is nvfp4 and computes the same thing in every branch (derived signatures)."""
+    return self.recipe.precision(name) == "nvfp4" and len({r._pass_signature(name) for r in self._branches()}) == 1
+
   @property
   def save_quantized_w(self) -> bool:
-    """Every branch's dgrad is nvfp4 with the same weight blocks: save that 4-bit W instead of W."""
-    return len({(r.dgrad, r.two_d_weights) for r in self._branches()}) == 1 and self.recipe.dgrad == "nvfp4"
+    """Every branch's dgrad is the same nvfp4 pass: save that 4-bit W instead of W."""
+    return self._same("dgrad")
 
   @property
   def save_quantized_x(self) -> bool:
-    """Every branch's wgrad is nvfp4 with the same RHT: save that 4-bit xᵀ instead of x."""
-    return len({(r.wgrad, r.rht) for r in self._branches()}) == 1 and self.recipe.wgrad == "nvfp4"
+    """Every branch's wgrad is the same nvfp4 pass: save that 4-bit xᵀ instead of x."""
+    return self._same("wgrad")
 
 
 def _forward(static: _Static, x, w, use_switched):
   """(y, the dgrad-quantized W or None)."""
-  qw = _quantize_weight(w, static.recipe.two_d_weights, 1, static.groups) if static.save_quantized_w else None
+  r0 = static.recipe
+  qw = _quantize_weight(w, r0.two_d_weights, 1, static.groups, r0.scale_rule("weight")) if static.save_quantized_w else None
 
   def fprop(r):
-    # 16x16 tiles are the same for fprop and dgrad: quantize W once.
-    share = qw is not None and qw.block_2d and r.two_d_weights
+    # 16x16 tiles are the same for fprop and dgrad under TE's standard rule: quantize W once. (4over6 sums a
+    # tile's error along the contraction, K for fprop and N for dgrad: two copies, as TE's.)
+    share = qw is not None and qw.block_2d and r.two_d_weights and r.scale_rule("weight").selection == "max"
     return _fprop(r, x, w, static.out_dtype, qw=qw if share else None, groups=static.groups)
 
   return _select(use_switched, static, "fprop", fprop), qw
@@ -476,7 +571,9 @@ def _gemm2d_fwd(static, x, w, use_switched, key):
   y, qw = _forward(static, x, w, use_switched)
   # Residuals: at most what a bf16 GEMM saves (x and W), each replaced by its 4-bit form when every
   # branch of the backward consumes only that form.
-  x_res = _quantize_x_for_wgrad(x, static.recipe.rht, static.groups) if static.save_quantized_x else x
+  r0 = static.recipe
+  x_res = (_quantize_x_for_wgrad(x, r0.rht, static.groups, r0.scale_rule("activation")) if static.save_quantized_x
+           else x)
   w_res = qw if qw is not None else w
   return y, (x_res, w_res, use_switched, key)
 
@@ -541,6 +638,11 @@ def dot_general(
     raise TypeError(f"recipe must be a GemmRecipe, got {type(recipe).__name__}")
   if (switched is None) != (use_switched is None):
     raise ValueError("dot_general: pass both `switched` and `use_switched` (the late-switch flag), or neither")
+  if amax_groups is not None and not amax_groups.trivial and any(
+      r is not None and r.row_scaled_activation for r in (recipe, switched)):
+    raise ValueError(
+        "dot_general: nvfp4_row_scaled_activation=true with a per-shard amax scope (nvfp4_amax_scope=te on a sharded"
+        " mesh) is not implemented; set nvfp4_amax_scope=global (row amaxes over the whole row)")
   if key is None and (recipe.needs_key() or (switched is not None and switched.needs_key())):
     raise ValueError(
         "dot_general: stochastic rounding is on (nvfp4 dgrad/wgrad with stochastic_rounding=True) but key is None;"

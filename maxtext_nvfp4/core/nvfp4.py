@@ -29,6 +29,35 @@ Dequantization follows TE JAX's ``NVFP4Dequantizer`` (finite where the CUDA dequ
 
     x_hat = float(q) * (float(s8) * (amax / 2688))
 
+Scale selection (the seam: :class:`ScaleRule`, one per quantized tensor, recorded on the result). The
+formulas above are ``ScaleRule()``: TE's standard recipe, selection ``"max"`` (the block's amax maps to
+E2M1's 6), E4M3 bound 448, one amax per tensor. The other rules are TE 2.20.2's PyTorch recipe variants,
+as its bit-exact reference ``reference_nvfp4.py`` computes them (``_quantize_blockwise_reference`` and
+``_quantize_blockwise_4over6_reference``):
+
+  * ``e4m3_bound`` B in {448, 256}: ``S_enc = min(6B / amax, FLT_MAX)`` (TE ``nvfp4_e4m3_max``; 256 only
+    with 4over6), and ``amax / 6B`` wherever ``amax / 2688`` appears (dequantization, GEMM alpha);
+  * ``row_scaled``: one amax per row of the operand (the slice along the block axis: rows of x for the
+    fprop copy, columns of x for the wgrad copy); every formula above then runs per row;
+  * ``selection="4over6"`` (Four Over Six, arXiv 2512.02010), per block, in this order::
+
+        base  = fl(fl(bamax / 6) * S_enc)                    # TE reference's order (not the 1/6 fold)
+        s8_6  = rnd(min(base, 448), E4M3)     s8_4 = rnd(min(fl(base * 1.5), 448), E4M3)
+        enc_c = min(fl(1 / fl(s8_c * S_dec)), FLT_MAX);  q_c = rnd(clip(fl(x * enc_c), -6, 6), E2M1)
+        v_c   = fl(fl(fl(q_c * s8_c) * amax) / (6B))       # the candidate's value in x's units
+        d_c   = fl(v_c - x);  e_c = |d_c| (MAE) or fl(d_c * d_c) (MSE)
+        err_c = (((e_c[0] + e_c[1]) + e_c[2]) + ... + e_c[15])     # sequential, from 0, in fp32
+        16x16 tiles: each row's err_c as above (along ``axis``), then the 16 rows summed as a tree
+        ((r0..7 + r8..15) -> 4 -> 2 -> 1), as TE's CUDA warp reduction
+        keep map-to-4 iff err_4 < err_6 (ties keep map-to-6)
+
+    Bit-checkable against TE's reference wherever its fp32 error terms are normal numbers (XLA:GPU keeps
+    subnormals: everywhere). On a flush-to-zero backend (XLA:CPU) a block whose error terms are fp32
+    subnormals (|d_c| below ~1e-19 for MSE, or tiny tensors) may choose as TE's reference does on a
+    flush-to-zero CPU (``torch.set_flush_denormal``) instead; for tensors with amax < 2**-100 (where TE's
+    global decode scale is itself subnormal) the choice is not bit-checked on XLA:CPU. tests/peers counts
+    both classes (``ftz``, ``ftz_tiny``).
+
 What is bit-checkable: ``data``, ``scale`` and ``amax`` for round-to-nearest (all shapes, 1D along any
 axis, 2D, RHT -- the latter wherever the 16-term fp32 RHT sums do not depend on accumulation order,
 since the tensor-core MMA order is unspecified), on every backend, including inputs whose fp32 intermediates are subnormal (XLA:CPU
@@ -86,6 +115,9 @@ from maxtext_nvfp4.core.formats import to_f32_exact as _to_f32_exact
 
 __all__ = [
     "BLOCK",
+    "ScaleRule",
+    "STANDARD_RULE",
+    "global_denominator",
     "E2M1_MAX",
     "E4M3_MAX",
     "NVFP4Tensor",
@@ -93,6 +125,7 @@ __all__ = [
     "as_numpy",
     "block_values",
     "dequantize",
+    "dequantize_kernel_order",
     "global_decode_scale",
     "pack",
     "quantize",
@@ -104,7 +137,9 @@ __all__ = [
 
 BLOCK = 16
 E2M1_MAX = E2M1.max  # 6
-E4M3_MAX = E4M3.max  # 448
+E4M3_MAX = E4M3.max  # 448: the largest E4M3 value (the per-block scale's saturation bound)
+# Deprecated: a tensor's global denominator is ``6 * t.e4m3_bound`` (:func:`global_denominator`). Kept only
+# for core/serving.py, which still divides by it.
 GLOBAL_DENOM = E4M3_MAX * E2M1_MAX  # 2688
 # TE's fixed wgrad RHT sign vector (hadamard.py get_wgrad_sign_vector; bitmask 0xD7E8).
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
@@ -112,6 +147,63 @@ RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 _E2M1_TABLE = np.concatenate([formats.grid(E2M1), -formats.grid(E2M1)])
 # The 127 finite non-negative E4M3 values, in code order (the block decode scales' value table).
 _E4M3_GRID = formats.grid(E4M3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Scale selection (the seam)
+# ----------------------------------------------------------------------------------------------
+# Block-scale selections (cf. torchao mx_formats' ScaleCalculationMode): "max" -- TE's standard, the block
+# amax maps to E2M1's 6; "4over6" -- the better of map-to-6 and map-to-4 per block (module docstring).
+SELECTIONS = ("max", "4over6")
+ERR_MODES = ("MAE", "MSE")
+E4M3_BOUNDS = (448, 256)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScaleRule:
+  """How one tensor's scales are chosen (hashable: a static argument of the jitted quantizer).
+
+  Validated like TE's ``NVFP4QuantizerRef`` / ``make_quantizers``: ValueError for anything else.
+  """
+
+  # "max" (TE's standard) | "4over6" (per block, the lower-error of map-to-6 and map-to-4)
+  selection: str = "max"
+  # 4over6's block error: "MAE" | "MSE"
+  err_mode: str = "MAE"
+  # The E4M3 bound in S_enc = 6 * bound / amax: 448, or 256 (4over6 only; TE forces 448 otherwise)
+  e4m3_bound: int = 448
+  # One amax per row of the operand (along the block axis) instead of one per tensor (1x16 only)
+  row_scaled: bool = False
+
+  def __post_init__(self):
+    if self.selection not in SELECTIONS:
+      raise ValueError(f"ScaleRule.selection={self.selection!r}: choose one of {SELECTIONS}")
+    if self.err_mode not in ERR_MODES:
+      raise ValueError(f"ScaleRule.err_mode={self.err_mode!r}: choose one of {ERR_MODES}")
+    if self.e4m3_bound not in E4M3_BOUNDS:
+      raise ValueError(f"ScaleRule.e4m3_bound={self.e4m3_bound!r}: choose one of {E4M3_BOUNDS}")
+    if self.e4m3_bound != 448 and self.selection != "4over6":
+      raise ValueError("ScaleRule.e4m3_bound=256 needs selection='4over6' (TE uses 448 for every other tensor)")
+
+
+STANDARD_RULE = ScaleRule()
+# fl32(1 / (6 * bound)) per E4M3 bound: host constants (1/2688 for 448, 1/1536 for 256), each rounded once.
+RECIP_GLOBAL_DENOMINATOR = {b: np.float32(1.0) / np.float32(E2M1_MAX * b) for b in E4M3_BOUNDS}
+
+
+def global_denominator(bound: int = E4M3_MAX) -> int:
+  """``6 * bound``: what a tensor's amax is divided by for its global decode scale (2688 for 448)."""
+  return E2M1_MAX * int(bound)
+
+
+def _check_rule(rule: ScaleRule, block_2d: bool, rht: bool, stochastic: bool) -> None:
+  """TE's refusals for a rule on one quantization (``NVFP4QuantizerRef.__init__`` / ``_quantize``)."""
+  if rule.selection == "4over6" and rht:
+    raise ValueError("4over6 quantization does not support RHT (TE: 'NVFP4 4over6 quantization does not support RHT')")
+  if rule.selection == "4over6" and stochastic:
+    raise ValueError("4over6 quantization does not support stochastic rounding (as in TE)")
+  if rule.row_scaled and block_2d:
+    raise ValueError("row-scaled NVFP4 supports 1x16 blocks only (as in TE), not 16x16 tiles")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,10 +499,13 @@ class NVFP4Tensor:
 
   data:     ``float4_e2m1fn``, same shape and layout as the input.
   scale:    ``float8_e4m3fn`` block decode scales; the block axis (both last axes for 2D) divided by 16.
-  amax:     fp32 scalar: the per-tensor amax that sets the global scale (post-RHT when ``rht``).
+  amax:     fp32: the amax that sets the global scale (post-RHT when ``rht``): a scalar, or for a
+            row-scaled tensor one per row (``data``'s shape with ``axis`` reduced to 1).
   axis:     the 1x16 block axis (non-negative), or None for 16x16 tiles over the last two axes.
   block_2d: True for 16x16 tiles.
   rht:      True when the values are in the RHT domain along ``axis``.
+  e4m3_bound: the E4M3 bound of the global scale (448; 256 for TE's 4over6 variant): the global
+            decode scale is ``amax / (6 * e4m3_bound)``.
   """
 
   data: jax.Array
@@ -419,6 +514,7 @@ class NVFP4Tensor:
   axis: int | None = dataclasses.field(default=None, metadata=dict(static=True))
   block_2d: bool = dataclasses.field(default=False, metadata=dict(static=True))
   rht: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  e4m3_bound: int = dataclasses.field(default=448, metadata=dict(static=True))
 
   @property
   def shape(self):
@@ -428,7 +524,8 @@ class NVFP4Tensor:
     return pack(self.data)
 
 
-def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None) -> NVFP4Tensor:
+def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None,
+             scale_rule: ScaleRule | None = None) -> NVFP4Tensor:
   """Quantize ``x`` to NVFP4 exactly as TE's kernels do (see the module docstring for the formulas).
 
   Args:
@@ -440,13 +537,19 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
       post-RHT amax and the result stays in the RHT domain.
     stochastic_key: a ``jax.random`` key for stochastic rounding of the elements (gradients);
       ``None`` means RNE.
+    scale_rule: how the scales are chosen (:class:`ScaleRule`; None: TE's standard rule). With 16x16
+      tiles and 4over6, ``axis`` is the axis along which each tile row's error is summed (TE's rowwise
+      copy of a matrix: the last axis; its columnwise copy: axis 0).
 
   Raises:
     TypeError: non-floating input.
-    ValueError: a block axis whose length is not a multiple of 16.
+    ValueError: a block axis whose length is not a multiple of 16; a rule TE refuses here (4over6 with
+      RHT or SR, row-scaled 16x16 tiles).
   """
-  x, axis_n = _validate(x, axis, block_2d, rht)
-  return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht)
+  x, axis_n, rule = _validate(x, axis, block_2d, rht, scale_rule, stochastic_key is not None)
+  if rule is None:
+    return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht)
+  return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht, rule)
 
 
 def _e4m3_code(s8):
@@ -463,19 +566,25 @@ def _e4m3_code(s8):
   return jnp.where(jnp.isnan(s8), 0, jnp.clip(code, 0, len(_E4M3_GRID) - 1))
 
 
-def _block_scales(xb, red):
-  """(amax, s8, enc) of the blocked fp32 ``xb`` (blocks along the axes ``red``; s8/enc keep those dims)."""
+def _block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None):
+  """(amax, bamax) of the blocked fp32 ``xb``: block maxima (keeping the block dims) and the amax that sets
+  the global scale (a scalar; row-scaled: per row, the max over the blocks axis ``nb_axis``, kept)."""
   abs_bits = (_bits(xb) & _F32_ABS_MASK).astype(jnp.int32)  # integer max: exact, NaN-propagating
   bamax_bits = jnp.max(abs_bits, axis=red, keepdims=True)
   # The tensor amax from the block maxima (1/16 of the data). Without the barrier XLA merges the two
   # reductions into one over the whole tensor, which XLA:CPU runs as a reduce-window tree over a
   # materialized int32 copy of it (an extra read and write of 4 bytes per element).
-  amax = _from_bits(jnp.max(lax.optimization_barrier(bamax_bits)))
-  bamax = _from_bits(bamax_bits)
+  if rule.row_scaled:
+    amax = _from_bits(jnp.max(lax.optimization_barrier(bamax_bits), axis=nb_axis, keepdims=True))
+  else:
+    amax = _from_bits(jnp.max(lax.optimization_barrier(bamax_bits)))
+  return amax, _from_bits(bamax_bits)
 
-  # Per-tensor scales (CUDA compute_global_encode_scaling_factor_FP4).
+
+def _global_scales(amax, bound: int = E4M3_MAX):
+  """(S_enc, S_dec) for ``amax`` (CUDA compute_global_encode_scaling_factor_FP4, with 6 * bound)."""
   # IEEE quotient (div_rn takes subnormal amaxes too: 2688 / subnormal overflows to inf, then FLT_MAX).
-  s_enc = jnp.minimum(formats.div_rn(np.float32(GLOBAL_DENOM), amax), np.float32(FLT_MAX))
+  s_enc = jnp.minimum(formats.div_rn(np.float32(global_denominator(bound)), amax), np.float32(FLT_MAX))
   # Bitwise zero test: XLA:CPU compares with denormals-are-zero, so `amax == 0` is True for a subnormal
   # amax (whose S_enc must be FLT_MAX, not 1).
   amax_is_zero = (_bits(amax) & _F32_ABS_MASK) == 0
@@ -483,20 +592,34 @@ def _block_scales(xb, red):
   s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
   s_dec = _recip_exact(jnp.where(jnp.isnan(s_enc), 1.0, s_enc))
   s_dec = jnp.where(jnp.isnan(s_enc), s_enc, s_dec)
+  return s_enc, s_dec
 
+
+def _encode_scales(s8, s_dec):
+  """``min(fl(1 / fl(s8 * S_dec)), FLT_MAX)`` per block (IEEE 1/0 = inf for a zero-scale block, and
+  1/subnormal overflows: both end at FLT_MAX). A scalar S_dec: the exact quotient is taken once per E4M3
+  value (a 127-entry table, formats.div_rn) and looked up by s8's code, so no per-block division; a per-row
+  S_dec (row-scaled): one exact division per block (1/16 of the data)."""
+  if jnp.ndim(s_dec) == 0:
+    table = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.asarray(_E4M3_GRID), s_dec))
+    table = jnp.where(jnp.isnan(table), table, jnp.minimum(table, np.float32(FLT_MAX)))
+    enc = table[_e4m3_code(s8)]
+  else:
+    enc = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.where(jnp.isnan(s8), 0.0, s8), s_dec))
+    enc = jnp.where(jnp.isnan(enc), enc, jnp.minimum(enc, np.float32(FLT_MAX)))
+  return jnp.where(jnp.isnan(s8), s8, enc)
+
+
+def _block_scales(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None):
+  """(amax, s8, enc) of the blocked fp32 ``xb`` under TE's standard selection (blocks along the axes
+  ``red``; s8/enc keep those dims)."""
+  amax, bamax = _block_amaxes(xb, red, rule, nb_axis)
+  s_enc, s_dec = _global_scales(amax, rule.e4m3_bound)
   # Per-block decode scale, E4M3: fl(bamax * fl(S_enc * fl(1/6))), saturated to 448, RNE.
   c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
   dec = jnp.minimum(_mul_exact(bamax, c), np.float32(E4M3_MAX))
   s8 = round_to_format(dec, E4M3)
-  # Per-block encode scale: min(1 / fl(s8 * S_dec), FLT_MAX). s8 is one of E4M3's 127 finite values and
-  # S_dec one scalar per tensor, so the exact quotient is taken once per E4M3 value (a 127-entry table,
-  # formats.div_rn) and looked up by s8's code: no per-block division. (IEEE 1/0 = inf for a zero-scale
-  # block, and 1/subnormal overflows: both end at FLT_MAX.)
-  table = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.asarray(_E4M3_GRID), s_dec))
-  table = jnp.where(jnp.isnan(table), table, jnp.minimum(table, np.float32(FLT_MAX)))
-  enc = table[_e4m3_code(s8)]
-  enc = jnp.where(jnp.isnan(s8), s8, enc)
-  return amax, s8, enc
+  return amax, s8, _encode_scales(s8, s_dec)
 
 
 def _abs_times_enc_flush_to_zero_safe(b, enc):
@@ -544,52 +667,143 @@ def _e2m1_code_of_product(xb, enc, u=None):
   return k, neg
 
 
-def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht):
-  """(k, neg, s8, amax, red): the blocked E2M1 codes and block scales of x (arguments validated)."""
+def _select_max(xb, red, u, rule: ScaleRule, nb_axis, err_axis):
+  """TE's standard selection: (k, neg, s8, amax) with s8 from the block amax (module docstring)."""
+  del err_axis
+  amax, s8, enc = _block_scales(xb, red, rule, nb_axis)
+  k, neg = _e2m1_code_of_product(xb, enc, u)
+  return k, neg, s8, amax
+
+
+# 4over6's map-to-4 scale factor (TE reference: decode_scale_base * 1.5).
+_MAP4_FACTOR = np.float32(1.5)
+
+
+def _four_over_six_element_error(xb, k, neg, s8, amax, rule: ScaleRule):
+  """Per-element error of one 4over6 candidate (codes ``k``/``neg``, scales ``s8``), in TE's order:
+  ``d = fl(fl(fl(fl(q * s8) * amax) / 6B) - x)``, then ``|d|`` (MAE) or ``fl(d * d)`` (MSE)."""
+  q = formats.grid_value(k, E2M1)
+  q = jnp.where(neg, -q, q)
+  w = (q * s8) * amax  # q * s8 is exact (2 x 4 significant bits)
+  val = formats.div_rn(jnp.abs(w), np.float32(global_denominator(rule.e4m3_bound)))
+  val = jnp.where(jnp.signbit(w), -val, val)
+  d = val - xb
+  return d * d if rule.err_mode == "MSE" else jnp.abs(d)
+
+
+def _four_over_six_block_error(e, red, err_axis):
+  """Block sums of the element errors ``e``: sequential over the 16 elements along ``err_axis`` (a blocked
+  axis of ``red``), from 0; with 16x16 tiles the 16 row sums then added as TE's warp-reduction tree
+  ((r0..7 + r8..15) -> 4 -> 2 -> 1). Keeps the block dims (size 1)."""
+  err = jnp.zeros_like(lax.index_in_dim(e, 0, err_axis, keepdims=True))
+  for i in range(BLOCK):  # sequential: fl(...fl(fl(0 + e0) + e1)... + e15), no reassociation
+    err = err + lax.index_in_dim(e, i, err_axis, keepdims=True)
+  other = [r for r in red if r != err_axis]
+  if other:  # 16x16 tiles: the tree over the 16 rows (8 + 8 -> 4 + 4 -> 2 + 2 -> 1 + 1)
+    ax = other[0]
+    n = BLOCK
+    while n > 1:
+      n //= 2
+      err = lax.slice_in_dim(err, 0, n, axis=ax) + lax.slice_in_dim(err, n, 2 * n, axis=ax)
+  return err
+
+
+def _select_four_over_six(xb, red, u, rule: ScaleRule, nb_axis, err_axis):
+  """4over6 (TE reference ``_quantize_blockwise_4over6_reference``): (k, neg, s8, amax), see the module docstring."""
+  del u  # RNE only (SR is refused)
+  amax, bamax = _block_amaxes(xb, red, rule, nb_axis)
+  s_enc, s_dec = _global_scales(amax, rule.e4m3_bound)
+  # base = fl(fl(bamax / 6) * S_enc): the reference's order. bamax / 6 may be subnormal (exact quotient);
+  # _mul_exact takes it, and results below 2**-126 round to E4M3 zero either way.
+  base = _mul_exact(formats.div_rn(bamax, np.float32(E2M1_MAX)), s_enc)
+  cands = []
+  for dec in (base, base * _MAP4_FACTOR):  # map-to-6, map-to-4
+    s8 = round_to_format(jnp.minimum(dec, np.float32(E4M3_MAX)), E4M3)
+    k, neg = _e2m1_code_of_product(xb, _encode_scales(s8, s_dec))
+    e = _four_over_six_element_error(xb, k, neg, s8, amax, rule)
+    cands.append((k, neg, s8, _four_over_six_block_error(e, red, err_axis)))
+  (k6, n6, s6, e6), (k4, n4, s4, e4) = cands
+  pick4 = e4 < e6  # ties keep map-to-6
+  pick4_elems = jnp.broadcast_to(pick4, xb.shape) if pick4.shape != xb.shape else pick4
+  # With 16x16 tiles the error reduced every tile axis; s8 has the same kept dims.
+  return (jnp.where(pick4_elems, k4, k6), jnp.where(pick4_elems, n4, n6),
+          jnp.where(pick4, s4, s6), amax)
+
+
+# The scale-selection seam: ScaleRule.selection -> (xb, red, u, rule, nb_axis, err_axis) -> (k, neg, s8, amax).
+_SCALE_SELECTIONS = {"max": _select_max, "4over6": _select_four_over_six}
+
+
+def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | None = None):
+  """(k, neg, s8, amax, red): the blocked E2M1 codes and block scales of x (arguments validated).
+
+  ``axis_n`` with ``block_2d``: None, or (4over6) the axis along which each tile row's error is summed.
+  """
+  rule = STANDARD_RULE if rule is None else rule
   if rht:
     # Materialize the RHT output once: otherwise XLA:CPU fuses its elementwise tail into both consumers
     # (block amax and element path) and recomputes it there, 4x slower overall.
     xf = _to_f32_exact(lax.optimization_barrier(_rht_bf16(x, axis_n)))
   else:
     xf = _to_f32_exact(x)
-  xb, red = _blocked(xf, axis_n, block_2d)
-  amax, s8, enc = _block_scales(xb, red)
+  xb, red = _blocked(xf, None if block_2d else axis_n, block_2d)
   u = None
   if stochastic_key is not None:
     # Bits drawn over the unblocked shape (its last axis is long): a blocked shape ending in 16 would
     # make the uint32 words' axis 4 long, ~4x slower on XLA:CPU for the same bits.
     u = _random_bytes(stochastic_key, xf.shape).reshape(xb.shape).astype(jnp.float32) * np.float32(1.0 / 256.0)
-  k, neg = _e2m1_code_of_product(xb, enc, u)
+  nb_axis = None if block_2d else axis_n  # the blocks axis of a 1x16 layout (row-scaled amax)
+  if block_2d:  # 4over6: error summed along the tile's row axis (last axis by default)
+    err_axis = red[0] if axis_n == x.ndim - 2 else red[1]
+  else:
+    err_axis = red[0]
+  k, neg, s8, amax = _SCALE_SELECTIONS[rule.selection](xb, red, u, rule, nb_axis, err_axis)
   return k, neg, s8, amax, red
 
 
-def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht):
+def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | None = None):
   """The traced body of :func:`quantize` (arguments already validated; ``axis_n`` non-negative)."""
-  k, neg, s8, amax, red = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht)
+  k, neg, s8, amax, red = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
   codes = (k.astype(jnp.uint8) | (neg.astype(jnp.uint8) << 3)).reshape(x.shape)
   data = _codes_to_e2m1(codes)
   scale = jnp.squeeze(s8, axis=red).astype(jnp.float8_e4m3fn)
-  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=axis_n, block_2d=block_2d, rht=rht)
+  rule = STANDARD_RULE if rule is None else rule
+  if rule.row_scaled:  # one amax per row: x's shape with the block axis reduced to 1
+    amax = amax.reshape(x.shape[:axis_n] + (1,) + x.shape[axis_n + 1:])
+  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=None if block_2d else axis_n, block_2d=block_2d,
+                     rht=rht, e4m3_bound=rule.e4m3_bound)
 
 
-def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype):
-  k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht)
+def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):
+  k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
   mag = formats.grid_value(k, E2M1)
   v = jnp.where(neg, -mag, mag) * s8
+  if rule is not None and rule.row_scaled:
+    amax = amax.reshape(x.shape[:axis_n] + (1,) + x.shape[axis_n + 1:])
   return v.astype(dtype).reshape(x.shape), amax
 
 
 # One compiled program per (shape, dtype, mode): eager op-by-op dispatch of the ~100 small ops above
 # costs seconds of compilation per new shape. Inside an outer jit this simply inlines.
-_quantize_jit = jax.jit(_quantize_impl, static_argnums=(2, 3, 4))
-_quantize_values_jit = jax.jit(_quantize_values_impl, static_argnums=(2, 3, 4, 5))
+_quantize_jit = jax.jit(_quantize_impl, static_argnums=(2, 3, 4, 5))
+_quantize_values_jit = jax.jit(_quantize_values_impl, static_argnums=(2, 3, 4, 5, 6))
 
 
-def _validate(x, axis, block_2d, rht):
-  """Checks shared by :func:`quantize` and :func:`quantize_values`; returns (x, axis_n)."""
+def _validate(x, axis, block_2d, rht, rule: ScaleRule | None = None, stochastic: bool = False):
+  """Checks shared by :func:`quantize` and :func:`quantize_values`; returns (x, axis_n, rule).
+
+  ``rule`` comes back None for TE's standard rule (the jitted functions' default: same cache entries and
+  programs as before rules existed). ``axis_n`` is None for 16x16 tiles unless the rule is 4over6.
+  """
   x = jnp.asarray(x)
   if not jnp.issubdtype(x.dtype, jnp.floating):
     raise TypeError(f"NVFP4 quantize needs a floating-point array (bf16 or fp32), got dtype {x.dtype}")
+  if rule is not None:
+    if not isinstance(rule, ScaleRule):
+      raise TypeError(f"scale_rule must be a ScaleRule, got {type(rule).__name__}")
+    _check_rule(rule, block_2d, rht, stochastic)
+    if rule == STANDARD_RULE:
+      rule = None
   if block_2d:
     if x.ndim < 2:
       raise ValueError(f"2D (16x16) NVFP4 blocks need at least 2 dims, got shape {x.shape}")
@@ -597,16 +811,22 @@ def _validate(x, axis, block_2d, rht):
       raise ValueError("RHT applies to 1x16 (column-wise) quantization only, not to 16x16 blocks")
     _check_block_dim(x.shape, x.ndim - 2)
     _check_block_dim(x.shape, x.ndim - 1)
-    return x, None
+    if rule is not None and rule.selection == "4over6":
+      axis_n = axis % x.ndim
+      if axis_n < x.ndim - 2:
+        raise ValueError(f"4over6 with 16x16 tiles sums the error along one of the last two axes, got axis {axis}")
+      return x, axis_n, rule
+    return x, None, rule
   if x.ndim == 0:
     raise ValueError("cannot quantize a scalar")
   axis_n = axis % x.ndim
   _check_block_dim(x.shape, axis_n)
-  return x, axis_n
+  return x, axis_n, rule
 
 
 def quantize_values(
-    x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None, dtype=jnp.bfloat16
+    x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None, dtype=jnp.bfloat16,
+    scale_rule: ScaleRule | None = None,
 ):
   """``(block_values(t, dtype), t.amax)`` for ``t = quantize(x, ...)``, bit for bit, in one pass.
 
@@ -614,8 +834,10 @@ def quantize_values(
   computed from the codes directly, without the 4-bit packing and the ``float4 -> fp32`` decode
   (a software convert on XLA:CPU). Same arguments and errors as :func:`quantize`.
   """
-  x, axis_n = _validate(x, axis, block_2d, rht)
-  return _quantize_values_jit(x, stochastic_key, axis_n, block_2d, rht, jnp.dtype(dtype))
+  x, axis_n, rule = _validate(x, axis, block_2d, rht, scale_rule, stochastic_key is not None)
+  if rule is None:
+    return _quantize_values_jit(x, stochastic_key, axis_n, block_2d, rht, jnp.dtype(dtype))
+  return _quantize_values_jit(x, stochastic_key, axis_n, block_2d, rht, jnp.dtype(dtype), rule)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -627,16 +849,20 @@ def _expand_scale(t: NVFP4Tensor, s):
   return jnp.repeat(s, BLOCK, axis=t.axis)
 
 
-def global_decode_scale(t):
-  """``amax / 2688`` in fp32: TE JAX's per-operand GEMM factor (``alpha`` is the product of two).
+def global_decode_scale(t, e4m3_bound: int = E4M3_MAX):
+  """``amax / (6 * e4m3_bound)`` in fp32 (``amax / 2688`` for TE's standard bound): TE JAX's per-operand
+  GEMM factor (``alpha`` is the product of two).
 
-  ``t``: an NVFP4Tensor, or its amax (as returned by :func:`quantize_values`).
+  ``t``: an NVFP4Tensor (its own bound is used), or its amax (as returned by :func:`quantize_values`).
   """
-  amax = t.amax if isinstance(t, NVFP4Tensor) else jnp.asarray(t, jnp.float32)
+  if isinstance(t, NVFP4Tensor):
+    amax, e4m3_bound = t.amax, t.e4m3_bound
+  else:
+    amax = jnp.asarray(t, jnp.float32)
   # The true IEEE quotient. Not ``amax / 2688``: XLA's algebraic simplifier rewrites a division by a
   # constant as ``x * fl(1/constant)`` (1 ulp off for amax = 4.125), and XLA:GPU's division is itself
   # 1 ulp off for about a quarter of all quotients.
-  return formats.div_rn(amax, np.float32(GLOBAL_DENOM))
+  return formats.div_rn(amax, np.float32(global_denominator(e4m3_bound)))
 
 
 def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
@@ -659,8 +885,30 @@ def dequantize(t: NVFP4Tensor, dtype=jnp.float32):
   two RHTs cancel, H being orthogonal). Exact in fp32 except where ``amax / 2688`` or the products fall
   in the fp32 subnormal range on a flush-to-zero backend (tensors with amax below ~1e-34).
   """
-  g = _expand_scale(t, t.scale.astype(jnp.float32) * global_decode_scale(t))
+  gds = global_decode_scale(t)
+  if jnp.ndim(gds):  # row-scaled: one factor per row, broadcast over that row's blocks
+    return (t.data.astype(jnp.float32) * (_expand_scale(t, t.scale.astype(jnp.float32)) * gds)).astype(dtype)
+  g = _expand_scale(t, t.scale.astype(jnp.float32) * gds)
   return (t.data.astype(jnp.float32) * g).astype(dtype)
+
+
+@jax.jit(static_argnames=("dtype",))
+def dequantize_kernel_order(t: NVFP4Tensor, dtype=jnp.bfloat16):
+  """TE's CUDA dequantize kernel (what TE PyTorch's ``backward_override="dequantized"`` feeds its backward
+  GEMMs): ``fl(q * fl(fl(s8 * amax) * fl(1 / (6 * e4m3_bound))))``, cast to ``dtype``.
+
+  ``transformer_engine/common/cast/nvfp4/dequantize_nvfp4.cuh`` (and the 4over6 group kernel, whose
+  ``factor_inv = 1.0f / (6.0f * E4M3_MAX)`` takes the tensor's bound). Not :func:`dequantize`'s order
+  (TE JAX's). Row-scaled: each row with its own amax.
+  """
+  inv = RECIP_GLOBAL_DENOMINATOR[t.e4m3_bound]  # a constant, rounded once
+  s = t.scale.astype(jnp.float32)
+  amax = jnp.asarray(t.amax, jnp.float32)
+  if jnp.ndim(amax):  # row-scaled: expand the scales first, then one factor per row
+    final = (_expand_scale(t, s) * amax) * inv
+  else:
+    final = _expand_scale(t, (s * amax) * inv)
+  return (t.data.astype(jnp.float32) * final).astype(dtype)
 
 
 # ----------------------------------------------------------------------------------------------

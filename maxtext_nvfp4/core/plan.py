@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Mapping
 
+from maxtext_nvfp4.core import recipe_options
 from maxtext_nvfp4.core import settings as settings_lib
 
 # Decoder projection roles, in the order MaxText constructs them inside one layer (Attention, then MLP).
@@ -119,15 +120,16 @@ def precisions(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str,
 def gemm_recipes(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str, num_layers: int):
   """``(recipe, switched recipe or None)`` as :class:`maxtext_nvfp4.core.gemm.GemmRecipe` for one GEMM.
 
-  RHT / stochastic rounding / 2D weight blocks come from the settings (they only affect NVFP4 passes).
+  The recipe options (RHT, stochastic rounding, 2D weight blocks, 4over6, row-scaled x, backward override)
+  are the settings' own :class:`~maxtext_nvfp4.core.recipe_options.RecipeOptions` fields, copied whole.
   """
   from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel  (JAX; keep plan import pure)
 
   before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
+  options = dataclasses.asdict(recipe_options.options_of(s))
 
   def recipe(p: Precisions):
-    return gemm.GemmRecipe(fprop=p.fprop, dgrad=p.dgrad, wgrad=p.wgrad, rht=s.rht,
-                           stochastic_rounding=s.stochastic_rounding, two_d_weights=s.two_d_weights)
+    return gemm.GemmRecipe(fprop=p.fprop, dgrad=p.dgrad, wgrad=p.wgrad, **options)
 
   return recipe(before), (recipe(after) if after is not None else None)
 
@@ -156,6 +158,8 @@ def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
   """Every decoder GEMM (layer-major, roles in construction order) with its per-pass precisions.
 
   ``roles``: the roles of every layer, or ``roles(layer)`` when layers differ (MoE and dense layers).
+  The backward passes are shown as computed: ``nvfp4_backward_override`` turns an nvfp4 dgrad/wgrad into
+  ``bf16`` (high_precision) or ``dequantized`` (bf16 GEMM on the dequantized forward operands).
   """
   roles_of = roles if callable(roles) else (lambda _, r=tuple(roles or decoder_roles()): r)
   layers: list[int | None] = [None] if scan_layers else list(range(num_layers))
@@ -164,9 +168,10 @@ def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
     for role in roles_of(layer):
       before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
       after = after or before
-      rows.append(PrecisionRow(layer=layer, role=role, fprop=before.fprop, dgrad=before.dgrad,
-                               wgrad=before.wgrad, fprop_after=after.fprop, dgrad_after=after.dgrad,
-                               wgrad_after=after.wgrad))
+      bwd = s.backward_precision
+      rows.append(PrecisionRow(layer=layer, role=role, fprop=before.fprop, dgrad=bwd(before.dgrad),
+                               wgrad=bwd(before.wgrad), fprop_after=after.fprop, dgrad_after=bwd(after.dgrad),
+                               wgrad_after=bwd(after.wgrad)))
   return rows
 
 

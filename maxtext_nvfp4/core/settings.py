@@ -3,13 +3,18 @@
 Pure Python (no JAX, no MaxText import). This is the single source of truth for our keys: the MaxText
 plugin registers them from here, the patch set's schema/base.yml hunks are checked against them, and
 ``doctor`` prints them. Defaults follow TE's ``NVFP4BlockScaling`` recipe (RHT on, stochastic
-rounding on, 2D weights on) and MaxText's ``te_nvfp4`` (every projection of every decoder layer).
+rounding on, 2D weights on, no 4over6, per-tensor amax, no backward override) and MaxText's ``te_nvfp4``
+(every projection of every decoder layer). The recipe options themselves (the keys that change an NVFP4
+GEMM's numbers) are declared once, in :class:`maxtext_nvfp4.core.recipe_options.RecipeOptions`, which
+:class:`Nvfp4Settings` inherits; their key, help and choices come from that field's metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Mapping
+
+from maxtext_nvfp4.core import recipe_options
 
 BACKENDS = ("auto", "emulate", "te")
 # The precision of one GEMM pass (fprop, dgrad or wgrad).
@@ -22,20 +27,16 @@ AMAX_SCOPES = ("te", "global")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Nvfp4Settings:
-  """Effective NVFP4 recipe settings (one per run). Field ``f`` is config key ``nvfp4_<f>``."""
+class Nvfp4Settings(recipe_options.RecipeOptions):
+  """Effective NVFP4 recipe settings (one per run). Field ``f`` is config key ``nvfp4_<f>`` (the recipe
+  options, inherited from :class:`~maxtext_nvfp4.core.recipe_options.RecipeOptions`, name theirs in their
+  metadata: ``four_over_six`` is ``nvfp4_4over6``)."""
 
   # Where NVFP4 GEMMs run: auto (TE on Blackwell, else emulate), emulate (exact pure JAX), te.
   backend: str = "auto"
   # Which decoder projections run in NVFP4: all (attention + MLP + MoE experts; te_nvfp4 has no experts),
   # mlp (dense MLPs and shared experts), attention, experts (routed experts). The MoE router never does.
   targets: str = "all"
-  # 16-point random Hadamard transform on the wgrad operands (TE: not disable_rht).
-  rht: bool = True
-  # Stochastic rounding of the output gradient (dgrad and wgrad operands) (TE: not disable_stochastic_rounding).
-  stochastic_rounding: bool = True
-  # 16x16 block scales for weights (TE: not disable_2d_quantization); False = 1x16 along K.
-  two_d_weights: bool = True
   # te: each operand's amax as TE's dense scopes it on the run's mesh (x, dy per device, W per tensor-parallel
   # shard); global: one amax per tensor, results independent of the mesh (compare runs across meshes).
   amax_scope: str = "te"
@@ -68,13 +69,11 @@ class Nvfp4Settings:
     return int(v)
 
 
-# key name -> (python type, allowed values or None, one-line help)
+# field name -> one-line help (the recipe options' come from their field metadata)
 KEY_HELP: dict[str, str] = {
+    **{f.name: f.metadata["help"] for f in recipe_options.option_fields()},
     "backend": "auto | emulate | te",
     "targets": "all | mlp | attention | experts",
-    "rht": "bool: RHT16 on wgrad operands",
-    "stochastic_rounding": "bool: SR on output gradients",
-    "two_d_weights": "bool: 16x16 weight blocks",
     "amax_scope": "te | global",
     "keep_first_layers": "int >= 0",
     "keep_last_layers": "int >= 0",
@@ -88,6 +87,7 @@ KEY_HELP: dict[str, str] = {
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    **{f.name: f.metadata["choices"] for f in recipe_options.option_fields() if f.metadata["choices"]},
     "backend": BACKENDS,
     "targets": TARGETS,
     "fallback": FALLBACKS,
@@ -97,13 +97,27 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+# The recipe options' keys are in their metadata (``two_d_weights`` is ``nvfp4_2d_weights``, ``four_over_six``
+# ``nvfp4_4over6``); every other field ``f`` is ``nvfp4_<f>``.
+_OPTION_KEYS = {f.name: f.metadata["key"] for f in recipe_options.option_fields()}
+_OPTION_FIELDS = {k: f for f, k in _OPTION_KEYS.items()}
+
+
 def config_key(field: str) -> str:
-  """Config key of a settings field (``two_d_weights`` is spelled ``nvfp4_2d_weights``)."""
-  return "nvfp4_2d_weights" if field == "two_d_weights" else f"nvfp4_{field}"
+  """Config key of a settings field."""
+  return _OPTION_KEYS.get(field, f"nvfp4_{field}")
 
 
 def field_of_key(key: str) -> str:
-  return "two_d_weights" if key == "nvfp4_2d_weights" else key[len("nvfp4_") :]
+  return _OPTION_FIELDS.get(key, key[len("nvfp4_") :])
+
+
+def schema_choices(field: str) -> tuple:
+  """The values MaxText's config schema accepts for an enumerated key: its choices, plus None where "none" is a
+  choice (MaxText's pyconfig turns any string "none" from YAML or the command line into None before pydantic
+  validates it; :func:`from_config` reads None back as "none")."""
+  choices = CHOICES[field]
+  return choices + (None,) if "none" in choices else choices
 
 
 def config_keys() -> dict[str, Any]:
@@ -125,7 +139,10 @@ def from_config(cfg: Any) -> Nvfp4Settings:
   values = {}
   for f in dataclasses.fields(Nvfp4Settings):
     v = get(config_key(f.name), f.default)
-    values[f.name] = getattr(v, "value", v)  # enum members -> plain values
+    v = getattr(v, "value", v)  # enum members -> plain values
+    if v is None and "none" in CHOICES.get(f.name, ()):
+      v = "none"  # MaxText's pyconfig reads the string "none" as None
+    values[f.name] = v
   return Nvfp4Settings(**values)
 
 
@@ -136,6 +153,9 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
     v = getattr(s, field)
     if v not in allowed:
       raise SettingsError(f"{config_key(field)}={v!r} is not allowed; choose one of: {', '.join(allowed)}")
+  refused = recipe_options.refusal(s)
+  if refused:
+    raise SettingsError(refused)
   for field in ("keep_first_layers", "keep_last_layers"):
     v = getattr(s, field)
     if int(v) != v or v < 0:

@@ -1,7 +1,8 @@
 """The config schema: ``quantization: nvfp4`` in MaxText's ``QuantizationType`` and :data:`Nvfp4MaxTextConfig`.
 
 ``Nvfp4MaxTextConfig`` is ``MaxTextConfig`` plus every ``nvfp4_*`` key of :mod:`maxtext_nvfp4.core.settings`
-(choices as ``Literal`` so pydantic's error lists them), built when MaxText's ``configs.types`` is patched.
+(choices as ``Literal`` so pydantic's error lists them; None too where "none" is a choice, which MaxText's
+pyconfig turns into None), built when MaxText's ``configs.types`` is patched.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ def _field_annotations() -> dict[str, Any]:
   """``{config key: annotation}``: ``Literal[choices]`` for enumerated keys, else the settings type."""
   out = {}
   for f in dataclasses.fields(settings_lib.Nvfp4Settings):
-    choices = settings_lib.CHOICES.get(f.name)
+    choices = settings_lib.schema_choices(f.name) if f.name in settings_lib.CHOICES else None
     typ = f.type if isinstance(f.type, type) else _PY_TYPES[str(f.type)]
     out[settings_lib.config_key(f.name)] = Literal[choices] if choices else typ
   return out

@@ -77,7 +77,9 @@ def linen_module_class():
 
       return diagnostics.instrument(lhs, rhs, dimension_numbers, out, step=step, interval=self.diag_interval,
                                     group=self.diag_group, two_d_weights=self.recipe.two_d_weights,
-                                    stochastic=self.recipe.stochastic_rounding, key=key)
+                                    stochastic=self.recipe.stochastic_rounding, key=key,
+                                    x_rule=self.recipe.scale_rule("activation"),
+                                    w_rule=self.recipe.scale_rule("weight"))
 
   return Nvfp4DotGeneral
 

@@ -22,4 +22,6 @@ def precision_table_text(config, layout: layout_lib.ModelLayout | None = None) -
   moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's, in high"
          " precision; expert_* = one GEMM per expert (own amax per expert weight and per expert token group;"
          f" {path})" if layout.moe_layers else "")
-  return head + "\n" + plan_lib.format_precision_table(rows, switch_step=switch) + moe
+  options = f"\nrecipe options: {s.describe()}" + (
+      f" (TE PyTorch only: {', '.join(s.te_pytorch_only())})" if s.te_pytorch_only() else "")
+  return head + options + "\n" + plan_lib.format_precision_table(rows, switch_step=switch) + moe

@@ -121,8 +121,16 @@ def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
   # What Transformer Engine would refuse (core/te_limits): the emulation zero-pads it, nvfp4_backend=te stops.
   out["te_refusals"] = [r.as_dict() for r in te_limits.check(values, s)]
   out["amax_scope"] = amax_scope.operand_scopes(s.amax_scope)  # per operand: over what its amax is taken
+  # The recipe options as the quantizers see them: per tensor, 4over6 / E4M3 bound / row-scaled amax.
+  out["recipe_options"] = {
+      "summary": s.describe(),
+      "te_pytorch_only": s.te_pytorch_only(),
+      "tensors": {t: {"4over6": s.uses_4over6(t), "e4m3_bound": s.e4m3_bound(t), "row_scaled": s.row_scaled(t)}
+                  for t in ("weight", "activation", "gradient")},
+      "backward": {p: s.backward_precision("nvfp4") for p in ("dgrad", "wgrad")},
+  }
   try:
-    c = capability.choose_backend(s.backend, devices=devices)
+    c = capability.choose_backend(s.backend, devices=devices, settings=s)
     out["backend"] = {"name": c.name, "reason": c.reason}
     if c.name == "te":
       from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
@@ -202,6 +210,14 @@ def format_human(r: dict[str, Any]) -> str:
     if rec.get("backend"):
       name = rec["backend"]["name"] or "none"
       lines.append(f"  backend: {name} -- {once(rec['backend']['reason'])}")
+    opts = rec.get("recipe_options")
+    if opts:
+      only = f" (TE PyTorch only: {', '.join(opts['te_pytorch_only'])})" if opts["te_pytorch_only"] else ""
+      lines.append(f"  recipe options: {opts['summary']}{only}")
+      for t, v in opts["tensors"].items():
+        lines.append(f"    {t:<10} 4over6={str(v['4over6']).lower():<5} e4m3_bound={v['e4m3_bound']}"
+                     f" row_scaled={str(v['row_scaled']).lower()}")
+      lines.append(f"    nvfp4 dgrad/wgrad run as: {opts['backward']['dgrad']}")
     if rec.get("te_recipe"):
       lines.append(f"  TE NVFP4BlockScaling({', '.join(f'{k}={v}' for k, v in rec['te_recipe'].items())})")
     for op, where in (rec.get("amax_scope") or {}).items():

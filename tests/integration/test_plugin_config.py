@@ -21,6 +21,11 @@ NON_DEFAULT = {
     "nvfp4_rht": False,
     "nvfp4_stochastic_rounding": False,
     "nvfp4_2d_weights": False,
+    "nvfp4_4over6": "all",  # needs nvfp4_rht=false (TE refuses 4over6 with RHT)
+    "nvfp4_4over6_e4m3_use_256": "weights",
+    "nvfp4_4over6_err_mode": "MSE",
+    "nvfp4_row_scaled_activation": True,
+    "nvfp4_backward_override": "dequantized",
     "nvfp4_amax_scope": "global",
     "nvfp4_keep_first_layers": 1,
     "nvfp4_keep_last_layers": 1,

@@ -8,7 +8,10 @@ A case is ``(mode, dtype, dist, x)``: ``x`` an fp32 array (on the bf16 grid when
   2d    16x16 tiles                            TE: quant_tile_shape (16, 16), rowwise
   rht   RHT along axis 0, then 1x16 blocks     TE: quant_tile_shape (1, 16), columnwise, with_rht
 
-and ``dist`` names how ``x`` was drawn (DISTRIBUTIONS). Shapes are multiples of 16 up to a few hundred,
+and ``dist`` names how ``x`` was drawn (DISTRIBUTIONS). ``variant`` names TE's recipe variant (VARIANTS:
+4over6 with its E4M3 bound and error mode, row-scaled amax; ``standard`` otherwise), each drawn only with
+the modes TE supports for it (:func:`generate_variants`); the variant cases add mode ``2dcol``, TE's
+columnwise copy of a 16x16-tiled tensor (with 4over6 its tile error is summed along the other axis). Shapes are multiples of 16 up to a few hundred,
 non-square, with 1-row (``row`` only) and one-block edge shapes. The RHT mode takes bf16 only (TE's RHT
 kernels take bf16; the reference's fp32 RHT path is a plain fp32 matmul, not a kernel); half the ``row``
 cases are fp32. The inputs are
@@ -41,6 +44,7 @@ class Case:
   dtype: str  # "bf16" or "f32": the dtype both quantizers are given
   dist: str  # the distribution's name (DISTRIBUTIONS)
   x: np.ndarray  # fp32 values (exactly on the bf16 grid for "bf16")
+  variant: str = "standard"  # a key of VARIANTS
 
 
 def _e4m3_grid():
@@ -185,6 +189,52 @@ DISTRIBUTIONS = {
     "zero_blocks": d_zero_blocks, "tiny": d_tiny, "tiny_1e-36": d_tiny_1e36, "near_max": d_near_max,
     "mixed_blocks": d_mixed_blocks, "e2m1_ties": d_e2m1_ties, "e4m3_ties": d_e4m3_ties,
 }
+
+
+# TE 2.20.2 recipe variants as NVFP4QuantizerRef keyword arguments, and the modes TE supports for each:
+# 4over6 refuses RHT (and SR); row-scaled NVFP4 takes 1x16 tiles only.
+VARIANTS = {
+    "standard": dict(kw={}, modes=MODES),
+    "4over6_mae_256": dict(kw=dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=256, nvfp4_4over6_err_mode="MAE"),
+                           modes=("row", "col", "2d", "2dcol")),
+    "4over6_mse_256": dict(kw=dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=256, nvfp4_4over6_err_mode="MSE"),
+                           modes=("row", "col", "2d", "2dcol")),
+    "4over6_mae_448": dict(kw=dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=448, nvfp4_4over6_err_mode="MAE"),
+                           modes=("row", "col", "2d", "2dcol")),
+    "4over6_mse_448": dict(kw=dict(nvfp4_use_4over6=True, nvfp4_e4m3_max=448, nvfp4_4over6_err_mode="MSE"),
+                           modes=("row", "col", "2d", "2dcol")),
+    "row_scaled": dict(kw=dict(row_scaled_nvfp4=True), modes=("row", "col", "rht")),
+    "row_scaled_4over6_mse_256": dict(kw=dict(row_scaled_nvfp4=True, nvfp4_use_4over6=True, nvfp4_e4m3_max=256,
+                                              nvfp4_4over6_err_mode="MSE"), modes=("row", "col")),
+}
+
+
+NORMAL_RANGE = ("normal", "heavy", "spiky", "row_spread", "zero_blocks", "mixed_blocks", "e2m1_ties", "e4m3_ties")
+
+
+def generate_variants(seed: int, n_cases: int, shapes, start: int = 0) -> list[Case]:
+  """``n_cases`` variant cases: round-robin over every (variant, supported mode) pair and the distributions,
+  shapes from ``shapes`` (16x16 tiles need both dims % 16: every shape here), bf16 and fp32 inputs."""
+  rng = np.random.default_rng(seed + 17)
+  pairs = [(v, m) for v, spec in VARIANTS.items() if v != "standard" for m in spec["modes"]]
+  dists = list(DISTRIBUTIONS)
+  cases = []
+  for i in range(n_cases):
+    variant, mode = pairs[i % len(pairs)]
+    # The first case of every pair is in fp32's normal range (so each pair is compared exactly at least once;
+    # tiny tensors may fall in a counted class); later ones from every distribution.
+    pool = NORMAL_RANGE if i < len(pairs) else dists
+    dist = pool[rng.integers(len(pool))]
+    shape = shapes[rng.integers(len(shapes))]
+    dtype = "f32" if mode == "row" and rng.random() < 0.5 else "bf16"
+    if dist == "e4m3_ties":
+      x = d_e4m3_ties(rng, shape, "2d" if mode == "2dcol" else mode, exact_c=dtype == "bf16")
+    else:
+      x = DISTRIBUTIONS[dist](rng, shape, "2d" if mode == "2dcol" else mode).astype(np.float32)
+    if dtype == "bf16":
+      x = to_bf16_grid(np.clip(x, -BF16_MAX, BF16_MAX))
+    cases.append(Case(index=start + i, mode=mode, dtype=dtype, dist=dist, x=x, variant=variant))
+  return cases
 
 
 def to_bf16_grid(x):

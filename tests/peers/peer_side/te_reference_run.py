@@ -2,7 +2,8 @@
 
 Usage: te_reference_run.py CASES.npz OUT.npz      (run by tests/peers/test_te_reference_oracle.py)
 
-CASES.npz: ``meta`` (JSON list of {index, mode, dtype, sr}), ``x<i>`` fp32 arrays, and for SR cases
+CASES.npz: ``meta`` (JSON list of {index, mode, dtype, sr, qkw}: ``qkw`` the recipe variant's
+``NVFP4QuantizerRef`` keyword arguments, e.g. ``nvfp4_use_4over6``), ``x<i>`` fp32 arrays, and for SR cases
 ``u<i>`` uint8 random bytes (one per element of x, in x's layout). For each case OUT.npz holds TE's
 ``data<i>`` (packed fp4x2 bytes, rows of the quantized operand: x for row/2d, x.T for col/rht),
 ``scale<i>`` (E4M3 bytes, same orientation), ``amax<i>`` (fp32), and for 2d ``rep<i>`` (True when TE's
@@ -14,6 +15,11 @@ the exact RHT of the input with fp32-subnormal inputs and outputs flushed to zer
 when the bf16 RHT depends on the fp32 summation order for some group (forward, reverse, pairwise, or
 an fp32 overflow of a partial sum that some order meets: torch's CPU matmul met one near bf16's max).
 ``neg0<i>`` / ``xneg0<i>`` mark the RHT outputs (native / exact) that are -0.0.
+
+Modes: row, col, 2d as in te_cases; ``2dcol`` is the columnwise copy of a 16x16-tiled tensor (TE's
+``data_t``, the rowwise quantization of x.T). ``amax<i>`` is a vector for row-scaled variants (one per
+row of the quantized copy). 4over6 cases are also run with ``torch.set_flush_denormal(True)``
+(``fdata/fscale/famax<i>``): what TE's reference gives on a flush-to-zero CPU, as XLA:CPU computes.
 
 SR cases (``sr`` true): TE's reference has no stochastic rounding; its ``cast_to_fp4x2`` input (the
 clipped ``x * enc``) is passed first through TE JAX's own SR formula, read from the 2.20.2 wheel's
@@ -111,26 +117,34 @@ class _NumpyRandom:
     return self._rand
 
 
-def quantizer(mode, cls=ref.NVFP4QuantizerRef):
-  tile = (16, 16) if mode == "2d" else (1, 16)
-  colwise = mode in ("col", "rht")
-  return cls(dtype=E2M1, rowwise=not colwise, columnwise=colwise, quant_tile_shape=tile, with_rht=mode == "rht")
+COLWISE = ("col", "rht", "2dcol")
+
+
+def quantizer(mode, cls=ref.NVFP4QuantizerRef, qkw=None):
+  tile = (16, 16) if mode in ("2d", "2dcol") else (1, 16)
+  colwise = mode in COLWISE
+  # Row-scaled NVFP4 requires rowwise usage in TE's reference: quantize both copies, read the one asked for.
+  rowwise = not colwise or bool((qkw or {}).get("row_scaled_nvfp4"))
+  return cls(dtype=E2M1, rowwise=rowwise, columnwise=colwise, quant_tile_shape=tile, with_rht=mode == "rht",
+             **(qkw or {}))
 
 
 def outputs(r, mode):
   """(packed data, scale bytes, amax) of the quantized operand; 2d scales once per tile (see rep<i>)."""
-  if mode in ("col", "rht"):
+  if mode in COLWISE:
     data, scale, amax = r.data_t, r.scale_t, r.global_amax_col
   else:
     data, scale, amax = r.data, r.scale, r.global_amax_row
   s = scale.contiguous().view(torch.uint8).numpy()
-  if mode == "2d":  # TE repeats each tile's scale on its 16 rows
+  if mode in ("2d", "2dcol"):  # TE repeats each tile's scale on its 16 rows
     s = s.reshape(-1, 16, s.shape[1])[:, 0]
-  return data.numpy(), s, amax.float().numpy().reshape(())
+  a = amax.float().numpy()
+  row_scaled = bool(getattr(r._quantizer, "row_scaled_nvfp4", False))  # pylint: disable=protected-access
+  return data.numpy(), s, a.reshape(-1) if row_scaled else a.reshape(())
 
 
-def tile_rows_repeat(r):
-  s = r.scale.contiguous().view(torch.uint8).numpy()
+def tile_rows_repeat(r, mode="2d"):
+  s = (r.scale_t if mode == "2dcol" else r.scale).contiguous().view(torch.uint8).numpy()
   s3 = s.reshape(-1, 16, s.shape[1])
   return bool((s3 == s3[:, :1]).all())
 
@@ -155,15 +169,23 @@ def main(cases_path, out_path):
       # jnp -> numpy: the formula is elementwise; the where/sign/abs names are numpy's too.
       ref.cast_to_fp4x2 = lambda v: orig_cast(torch.from_numpy(
           np.asarray(sr_fn(v.numpy(), None, np, rnd), np.float32)))
+    qkw = c.get("qkw") or {}
     try:
-      r = quantizer(mode).quantize(x)
+      r = quantizer(mode, qkw=qkw).quantize(x)
     finally:
       ref.cast_to_fp4x2 = orig_cast
     out[f"data{i}"], out[f"scale{i}"], out[f"amax{i}"] = outputs(r, mode)
-    if mode == "2d":
-      out[f"rep{i}"] = np.array(tile_rows_repeat(r))
+    if mode in ("2d", "2dcol"):
+      out[f"rep{i}"] = np.array(tile_rows_repeat(r, mode))
+    if qkw.get("nvfp4_use_4over6"):  # the same reference on a flush-to-zero CPU (FTZ + DAZ)
+      torch.set_flush_denormal(True)
+      try:
+        rf = quantizer(mode, qkw=qkw).quantize(x)
+      finally:
+        torch.set_flush_denormal(False)
+      out[f"fdata{i}"], out[f"fscale{i}"], out[f"famax{i}"] = outputs(rf, mode)
     if mode == "rht" and not c.get("sr"):
-      rx = quantizer(mode, ExactRHTQuantizer).quantize(x)
+      rx = quantizer(mode, ExactRHTQuantizer, qkw=qkw).quantize(x)
       out[f"xdata{i}"], out[f"xscale{i}"], out[f"xamax{i}"] = outputs(rx, mode)
       xt = x.t().contiguous()
       native = ref.NVFP4QuantizerRef(dtype=E2M1, with_rht=True)._apply_rht(xt).float()
