@@ -21,7 +21,7 @@ fi
 # matrix is opt-in until it has passed whole in one CI run (STAGES="core gpu resume peers matrix").
 STAGES=${STAGES:-core gpu resume peers}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
-logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml
+logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
 declare -A setup_pid rc
 for s in peers matrix; do
   if has "$s"; then
@@ -35,18 +35,27 @@ stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
   "$@"; rc[$name]=$?
   echo "=== [$name] exit ${rc[$name]} after $((SECONDS - t0)) s"
 }
+side_by_side() {  # side_by_side "NAME CMD..." ...: one process each, together; output printed stage by stage
+  local spec name pids=() names=()
+  for spec in "$@"; do
+    name=${spec%% *}
+    has "$name" || continue
+    ( eval "stage $spec" > "$logs/$name.out" 2>&1; echo "${rc[$name]}" > "$logs/$name.rc" ) &
+    pids+=($!); names+=("$name")
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}"; cat "$logs/${names[$i]}.out"; rc[${names[$i]}]=$(cat "$logs/${names[$i]}.rc" 2>/dev/null || echo 1)
+  done
+}
 if has core; then
   stage core .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
     --junitxml="$logs/core.xml"
 fi
-if has gpu; then
-  stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv/bin/python -m pytest -q -n "$workers" \
-    tests/core/test_gpu_compile_bytes.py --junitxml="$logs/gpu.xml"
-fi
-if has resume; then
-  stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 .venv/bin/python -m pytest -q -n 0 \
-    tests/tools/test_study_resume.py --junitxml="$logs/resume.xml"
-fi
+# Each of these is one process for most of its time (a compile, or MaxText runs one after another): on two cores
+# they run together.
+side_by_side \
+  "gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv/bin/python -m pytest -q -n 0 tests/core/test_gpu_compile_bytes.py --junitxml=$logs/gpu.xml" \
+  "resume env MAXTEXT_NVFP4_STUDY_RESUME=1 .venv/bin/python -m pytest -q -n 0 tests/tools/test_study_resume.py --junitxml=$logs/resume.xml"
 for s in peers matrix; do
   has "$s" || continue
   if ! wait "${setup_pid[$s]}"; then
