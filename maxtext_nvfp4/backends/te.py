@@ -88,13 +88,16 @@ def check_te_shapes(config, settings, *, layout=None) -> None:
 
   The limits (block axes, cuBLAS contraction, RHT cast fusion) are :mod:`maxtext_nvfp4.core.te_limits`;
   they are decided from the config alone, so this runs before any device check. The line names layer,
-  role, pass, dimension, size and the rule of the first refusal and how many more there are.
+  role, pass, dimension, size (per device shard) and the rule of the first refusal, how many more there
+  are, and the config keys that set the refused sizes.
   """
   refs = te_limits.check(config, settings, layout=layout)
   if refs:
     more = f" (and {len(refs) - 1} more: maxtext-nvfp4 doctor --recipe lists them)" if len(refs) > 1 else ""
+    keys = te_limits.fix_keys(refs)
+    change = f"change {', '.join(keys)} (sizes are per device shard)" if keys else "change that size"
     raise BackendError(
-        f"nvfp4_backend=te: Transformer Engine would refuse {refs[0].text()}{more}; change that size, or keep"
+        f"nvfp4_backend=te: Transformer Engine would refuse {refs[0].text()}{more}; {change}, or keep"
         " the projection out of NVFP4 (nvfp4_targets), or set nvfp4_backend=emulate (which zero-pads)"
     )
 

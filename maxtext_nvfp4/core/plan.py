@@ -176,7 +176,8 @@ def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
 
 
 def format_precision_table(rows: list[PrecisionRow], *, switch_step: int | None = None) -> str:
-  """A fixed-width text table of :func:`precision_table` rows (one line per GEMM)."""
+  """A fixed-width text table of :func:`precision_table` rows (one line per GEMM: the full table; the
+  start-up log shows :func:`format_precision_runs`)."""
   head = ["layer", "role", "fprop", "dgrad", "wgrad"]
   if switch_step is not None:
     head += [f"fprop@{switch_step}+", f"dgrad@{switch_step}+", f"wgrad@{switch_step}+"]
@@ -186,6 +187,71 @@ def format_precision_table(rows: list[PrecisionRow], *, switch_step: int | None 
     if switch_step is not None:
       line += [r.fprop_after, r.dgrad_after, r.wgrad_after]
     body.append(line)
+  return _fixed_width(head, body)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PrecisionRun:
+  """Consecutive decoder layers ``first..last`` whose GEMMs run in the same precisions, role by role."""
+
+  # first and last decoder layer of the run (None: scanned layers, one run stands for every layer)
+  first: int | None
+  last: int | None
+  # (roles, precisions): the roles sharing one precision tuple (fprop, dgrad, wgrad, then the three after
+  # the switch), in construction order of each group's first role
+  groups: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]
+
+  def layers(self) -> str:
+    """``"all (scanned)"``, ``"5"`` or ``"2-123"``."""
+    if self.first is None:
+      return "all (scanned)"
+    return str(self.first) if self.first == self.last else f"{self.first}-{self.last}"
+
+
+def _precisions_of(r: PrecisionRow) -> tuple[str, ...]:
+  return (r.fprop, r.dgrad, r.wgrad, r.fprop_after, r.dgrad_after, r.wgrad_after)
+
+
+def precision_runs(rows: list[PrecisionRow]) -> list[PrecisionRun]:
+  """:func:`precision_table` rows as runs of identical layers: layers ``l`` and ``l+1`` share a run iff
+  their (role, precisions) sequences are equal; inside a run, roles with equal precisions are one group.
+
+  A 126-layer model with 2 kept layers at each end is 3 runs (0-1, 2-123, 124-125) whatever its size.
+  """
+  layers: list[tuple[int | None, tuple]] = []
+  for r in rows:
+    if not layers or layers[-1][0] != r.layer:
+      layers.append((r.layer, ()))
+    layers[-1] = (r.layer, layers[-1][1] + ((r.role, _precisions_of(r)),))
+  runs: list[tuple[int | None, int | None, tuple]] = []
+  for layer, signature in layers:
+    if runs and runs[-1][2] == signature and layer is not None and runs[-1][1] == layer - 1:
+      runs[-1] = (runs[-1][0], layer, signature)
+    else:
+      runs.append((layer, layer, signature))
+  out = []
+  for first, last, signature in runs:
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for role, precs in signature:
+      groups.setdefault(precs, []).append(role)
+    out.append(PrecisionRun(first=first, last=last,
+                            groups=tuple((tuple(roles), precs) for precs, roles in groups.items())))
+  return out
+
+
+def format_precision_runs(runs: list[PrecisionRun], *, switch_step: int | None = None) -> str:
+  """A fixed-width text table of :func:`precision_runs`: one line per (run, group of roles)."""
+  head = ["layers", "roles", "fprop", "dgrad", "wgrad"]
+  if switch_step is not None:
+    head += [f"fprop@{switch_step}+", f"dgrad@{switch_step}+", f"wgrad@{switch_step}+"]
+  body = []
+  for run in runs:
+    for i, (roles, precs) in enumerate(run.groups):
+      body.append([run.layers() if i == 0 else "", ",".join(roles), *precs[:len(head) - 2]])
+  return _fixed_width(head, body)
+
+
+def _fixed_width(head: list[str], body: list[list[str]]) -> str:
   widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
   fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
   return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])

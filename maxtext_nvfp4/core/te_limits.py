@@ -70,6 +70,8 @@ class GemmDims:
   dtype: str
   # passes that run NVFP4 before or after the late switch, a subset of ("fprop", "dgrad", "wgrad")
   nvfp4_passes: tuple[str, ...]
+  # the config keys that set M, K and N: {"M": (...), "K": (...), "N": (...)} (empty: not known)
+  keys: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,6 +92,8 @@ class Refusal:
   multiple: int
   # the limit broken, with its TE source
   rule: str
+  # the config keys that set this size (the fix); empty when not known
+  keys: tuple[str, ...] = ()
 
   def text(self) -> str:
     if not self.multiple:
@@ -132,11 +136,12 @@ def refusals(g: GemmDims, *, rht: bool, two_d_weights: bool) -> list[Refusal]:
       key = (gemm, label.split(" (")[0], size)
       if key not in worst or multiple > worst[key][0]:
         worst[key] = (multiple, label, rule)
-  out = [Refusal(layers=g.layers, role=g.role, gemm=gemm, dimension=label, size=size, multiple=multiple, rule=rule)
-         for (gemm, _, size), (multiple, label, rule) in worst.items()]
+  out = [Refusal(layers=g.layers, role=g.role, gemm=gemm, dimension=label, size=size, multiple=multiple, rule=rule,
+                 keys=g.keys.get(axis.split()[0], ()))
+         for (gemm, axis, size), (multiple, label, rule) in worst.items()]
   if rht and "wgrad" in g.nvfp4_passes and g.dtype != "bfloat16":
     out.append(Refusal(layers=g.layers, role=g.role, gemm="wgrad", dimension=f"x and dy are {g.dtype}", size=0,
-                       multiple=0, rule=_RHT_RULE))
+                       multiple=0, rule=_RHT_RULE, keys=("dtype",)))
   return out
 
 
@@ -174,6 +179,23 @@ def _kn(layout: layout_lib.ModelLayout, layer: int | None, role: str) -> tuple[i
   return kn["wi" if role.startswith("wi") else role]
 
 
+def _kn_keys(layout: layout_lib.ModelLayout, layer: int | None, role: str) -> dict[str, tuple[str, ...]]:
+  """The config keys that set M, K and N of ``role`` (as :func:`_kn` computes them) in ``layer``."""
+  emb, tp = ("base_emb_dim",), (("ici_tensor_parallelism",) if layout.tensor_parallel > 1 else ())
+  mlp = (("shared_experts", "base_moe_mlp_dim") if layout.is_moe(layer) else ("base_mlp_dim",)) + tp
+  q, kv = ("base_num_query_heads", "head_dim") + tp, ("base_num_kv_heads", "head_dim") + tp
+  kn = {"query": (emb, q), "key": (emb, kv), "value": (emb, kv), "qkv_proj": (emb, q + kv[:1]), "out": (q, emb),
+        "wi": (emb, mlp), "wo": (mlp, emb)}
+  if layout.mla:
+    qk = ("base_num_query_heads", "qk_nope_head_dim", "qk_rope_head_dim") + tp
+    kn.update({"query": (emb, qk), "q_a": (emb, ("q_lora_rank",)), "q_b": (("q_lora_rank",), qk),
+               "kv_a": (emb, ("kv_lora_rank", "qk_rope_head_dim")),
+               "kv_b": (("kv_lora_rank",), ("base_num_query_heads", "qk_nope_head_dim", "v_head_dim") + tp),
+               "out": (("base_num_query_heads", "v_head_dim") + tp, emb)})
+  k, n = kn["wi" if role.startswith("wi") else role]
+  return {"M": ("per_device_batch_size", "max_target_length"), "K": k, "N": n}
+
+
 def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
                   layout: layout_lib.ModelLayout | None = None) -> list[GemmDims]:
   """The decoder projections of a MaxText config (object or mapping of keys) that have an NVFP4 pass.
@@ -204,7 +226,7 @@ def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
     for (passes, (k, n)), layers in by_shape.items():
       text = "every layer" if layers == [None] else _layer_ranges(layers)
       out.append(GemmDims(layers=text, role=role, tokens=layout.tokens_per_device, k=k, n=n, dtype=layout.dtype,
-                          nvfp4_passes=passes))
+                          nvfp4_passes=passes, keys=_kn_keys(layout, layers[0], role)))
   return out
 
 
@@ -216,8 +238,45 @@ def check(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
           for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
 
 
-def summary(refs: list[Refusal]) -> str:
-  """One line: ``Transformer Engine would refuse: <n> limit(s): <each>; <each>`` ("" when none)."""
+def grouped(refs: list[Refusal]) -> list[tuple[Refusal, dict[str, list[str]]]]:
+  """``refs`` with identical limits merged: ``(one refusal of the kind, {layers: [roles]})`` per
+  (pass, dimension, size, multiple, rule), in first-seen order. Every role and layer range that breaks the
+  same limit with the same size is one entry (a 126-layer model's seven projections: one entry, not 7)."""
+  out: dict[tuple, tuple[Refusal, dict[str, list[str]]]] = {}
+  for r in refs:
+    first, where = out.setdefault((r.gemm, r.dimension, r.size, r.multiple, r.rule), (r, {}))
+    roles = where.setdefault(r.layers, [])
+    if r.role not in roles:
+      roles.append(r.role)
+  return list(out.values())
+
+
+def fix_keys(refs: list[Refusal]) -> list[str]:
+  """The config keys that set the refused sizes, in first-seen order (what to change to run on TE)."""
+  return list(dict.fromkeys(k for r in refs for k in r.keys))
+
+
+def summary(refs: list[Refusal], *, max_lines: int = 4) -> str:
+  """The start-up text for ``refs`` ("" when none): a line beginning ``Transformer Engine would refuse:``
+  with the count, then one line per distinct limit (roles and layers that break it merged: :func:`grouped`;
+  at most ``max_lines``, then how many more and where all are listed), then the keys to change.
+
+  Sizes are per device shard (what TE's kernels see), and the first line says so.
+  """
   if not refs:
     return ""
-  return f"{REFUSAL_PREFIX} {len(refs)} limit(s) broken: " + "; ".join(r.text() for r in refs)
+  groups = grouped(refs)
+  lines = [f"{REFUSAL_PREFIX} {len(groups)} NVFP4 GEMM limit(s) broken (sizes per device shard; the emulation"
+           " zero-pads them, nvfp4_backend=te stops at start-up):"]
+  for r, where in groups[:max_lines]:
+    what = (f"{r.dimension}, not bfloat16" if not r.multiple
+            else f"{r.dimension} = {r.size}, not a multiple of {r.multiple}")
+    places = "; ".join(f"{','.join(roles)} in {layers}" for layers, roles in where.items())
+    lines.append(f"  {what}: {r.gemm} of {places} ({r.rule.split(':')[0]})")
+  if len(groups) > max_lines:
+    lines.append(f"  ... and {len(groups) - max_lines} more (maxtext-nvfp4 doctor --recipe RECIPE lists every one)")
+  keys = fix_keys(refs)
+  change = f"change {', '.join(keys)}; or " if keys else ""
+  rht = ", or nvfp4_rht=false (the RHT limits)" if any(r.rule == _RHT_RULE for r in refs) else ""
+  lines.append(f"  to run on TE: {change}keep these projections out of NVFP4 (nvfp4_targets){rht}")
+  return "\n".join(lines)

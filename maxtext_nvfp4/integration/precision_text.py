@@ -1,15 +1,32 @@
-"""The start-up precision table: every decoder GEMM of a config with its fprop/dgrad/wgrad precisions."""
+"""The start-up precision table: the decoder GEMMs of a config with their fprop/dgrad/wgrad precisions.
+
+Shown as runs of identical layers (``0-1``, ``2-123``, ``124-125``: a few lines at any depth); the
+per-layer table (one line per GEMM: 885 lines for Llama 3.1 405B) with ``MAXTEXT_NVFP4_VERBOSE=1``.
+"""
 
 from __future__ import annotations
+
+import os
 
 from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_nvfp4.integration import model_layout
 
+# Set to 1: the per-layer precision table, and the library messages log_filter hides.
+VERBOSE_ENV = "MAXTEXT_NVFP4_VERBOSE"
 
-def precision_table_text(config, layout: layout_lib.ModelLayout | None = None) -> str:
-  """The precision table of ``config`` (every decoder GEMM, fprop/dgrad/wgrad, before/after the switch)."""
+
+def verbose() -> bool:
+  """Whether ``MAXTEXT_NVFP4_VERBOSE`` asks for everything (any value but "", "0", "false", "no")."""
+  return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def precision_table_text(config, layout: layout_lib.ModelLayout | None = None, *, per_layer: bool | None = None) -> str:
+  """The precision table of ``config`` (decoder GEMMs, fprop/dgrad/wgrad, before/after the switch).
+
+  ``per_layer``: one line per GEMM instead of runs of identical layers (None: :func:`verbose`).
+  """
   s = settings_lib.from_config(config)
   layout = layout or model_layout.layout_of(config)
   rows = plan_lib.precision_table(s, num_layers=layout.num_layers, roles=layout.roles, scan_layers=layout.scan_layers)
@@ -19,9 +36,16 @@ def precision_table_text(config, layout: layout_lib.ModelLayout | None = None) -
           + (f", switch at step {switch} to {s.switch_to} scope={s.switch_scope})" if switch is not None else ")"))
   path = ("sparse_matmul=true: the grouped GEMM, per device" if bool(getattr(config, "sparse_matmul", False))
           else "sparse_matmul=false: the expert einsums")
-  moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's, in high"
-         " precision; expert_* = one GEMM per expert (own amax per expert weight and per expert token group;"
+  moe = ("\nMoE: router = gate logits, always bf16; dispatch/combine (routing) = MaxText's, in high precision;"
+         "\n  expert_* = one GEMM per expert (own amax per expert weight and per expert token group;"
          f" {path})" if layout.moe_layers else "")
   options = f"\nrecipe options: {s.describe()}" + (
       f" (TE PyTorch only: {', '.join(s.te_pytorch_only())})" if s.te_pytorch_only() else "")
-  return head + options + "\n" + plan_lib.format_precision_table(rows, switch_step=switch) + moe
+  if verbose() if per_layer is None else per_layer:
+    table = plan_lib.format_precision_table(rows, switch_step=switch)
+  else:
+    runs = plan_lib.precision_runs(rows)
+    table = plan_lib.format_precision_runs(runs, switch_step=switch)
+    if len(runs) < len(rows):
+      table += f"\n(runs of identical layers; one line per GEMM: {VERBOSE_ENV}=1)"
+  return head + options + "\n" + table + moe

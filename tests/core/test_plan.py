@@ -96,6 +96,30 @@ def test_format_lists_every_gemm():
   assert lines[-1].split() == ["1", "wo", "nvfp4", "nvfp4", "nvfp4", "bf16", "nvfp4", "nvfp4"]
 
 
+def test_runs_of_identical_layers_keep_first_last_and_switch():
+  s = Nvfp4Settings(targets="mlp", keep_first_layers=2, keep_last_layers=2, switch_at_step=20)
+  rows = plan.precision_table(s, num_layers=126)
+  runs = plan.precision_runs(rows)
+  assert [r.layers() for r in runs] == ["0-1", "2-123", "124-125"]
+  middle = runs[1].groups
+  assert [g[0] for g in middle] == [("query", "key", "value", "out"), ("wi_0", "wi_1", "wo")]
+  assert middle[1][1] == ("nvfp4", "nvfp4", "nvfp4", "bf16", "nvfp4", "nvfp4")
+  lines = plan.format_precision_runs(runs, switch_step=20).splitlines()
+  assert len(lines) == 2 + 4 and lines[0].split()[:2] == ["layers", "roles"]
+  assert lines[3].split() == ["2-123", "query,key,value,out"] + ["bf16"] * 6
+  assert lines[4].split() == ["wi_0,wi_1,wo", "nvfp4", "nvfp4", "nvfp4", "bf16", "nvfp4", "nvfp4"]
+  # every row is in exactly one run
+  assert sum((r.last - r.first + 1) * sum(len(g[0]) for g in r.groups) for r in runs) == len(rows)
+
+
+def test_runs_split_where_roles_differ_and_scanned_is_one_run():
+  dense, moe = plan.decoder_roles(), plan.decoder_roles(moe=True, dense_mlp=False)
+  rows = plan.precision_table(Nvfp4Settings(), num_layers=4, roles=lambda layer: dense if layer < 1 else moe)
+  assert [r.layers() for r in plan.precision_runs(rows)] == ["0", "1-3"]
+  scanned = plan.precision_runs(plan.precision_table(Nvfp4Settings(), num_layers=8, scan_layers=True))
+  assert [r.layers() for r in scanned] == ["all (scanned)"]
+
+
 def test_unknown_role_rejected():
   with pytest.raises(ValueError, match="unknown decoder GEMM role"):
     plan.role_group("logits")

@@ -84,14 +84,25 @@ def test_every_shipped_recipe_checked_blackwell_ones_pass():
     assert len(te_limits.decoder_gemms(values)) >= (4 if moe else 7), p
 
 
-def test_demo_with_mlp_dim_200_is_refused_per_gemm_in_one_line():
+def test_demo_with_mlp_dim_200_is_summarised_per_limit_with_the_key_to_change():
   refs = _check(os.path.join(RECIPES, "demo_nvfp4.yml"), "base_mlp_dim=200")
   assert {r.role for r in refs} == {"wi_0", "wi_1", "wo"}  # attention shapes are fine
-  line = te_limits.summary(refs)
-  assert line.startswith("Transformer Engine would refuse:") and "\n" not in line
-  assert "layers 0-3 wi_0 fprop: N (W 16x16 tiles) = 200 is not a multiple of 16" in line, line
-  assert "layers 0-3 wo fprop: K (fprop contraction) = 200 is not a multiple of 32" in line, line
-  assert "wo wgrad: K (RHT columns of x) = 200 is not a multiple of 128" in line, line
+  assert {r.keys for r in refs} == {("base_mlp_dim",)}
+  lines = te_limits.summary(refs).splitlines()
+  assert lines[0].startswith("Transformer Engine would refuse: 6 NVFP4 GEMM limit(s)") and "per device shard" in lines[0]
+  # wi_0 and wi_1 break the same limits: one line each limit, both roles named
+  assert "  N (W 16x16 tiles) = 200, not a multiple of 16: fprop of wi_0,wi_1 in layers 0-3" in lines[1], lines
+  assert lines[-2].startswith("  ... and 2 more (maxtext-nvfp4 doctor")
+  assert lines[-1].startswith("  to run on TE: change base_mlp_dim;") and "nvfp4_targets" in lines[-1], lines
+  assert len(lines) == 7 and max(map(len, lines)) <= 160, lines
+
+
+def test_one_limit_broken_by_every_projection_of_126_layers_is_one_line():
+  values = recipes_mod.resolve([os.path.join(RECIPES, "llama3.1_405b_nvfp4.yml"), "max_target_length=8"]).values
+  lines = te_limits.summary(te_limits.check(values)).splitlines()
+  assert lines[1] == ("  M tokens (RHT rows of x and dy) = 8, not a multiple of 64: wgrad of query,key,value,out,wi_0,wi_1,wo"
+                      " in layers 0-125 (RHT cast fusion)"), lines
+  assert len(lines) == 3 and "change per_device_batch_size, max_target_length;" in lines[2], lines
 
 
 def test_tensor_parallelism_checks_the_per_device_shard():
@@ -102,6 +113,7 @@ def test_tensor_parallelism_checks_the_per_device_shard():
   refs = te_limits.check({**values, "ici_tensor_parallelism": 16})
   assert sorted((r.role, r.gemm, r.size, r.multiple) for r in refs) == [("key", "wgrad", 64, 128),
                                                                        ("value", "wgrad", 64, 128)]
+  assert te_limits.fix_keys(refs) == ["base_num_kv_heads", "head_dim", "ici_tensor_parallelism"]
 
 
 def test_kept_layers_and_targets_only_check_nvfp4_gemms():
@@ -118,6 +130,7 @@ def test_te_backend_refuses_in_one_line_naming_layer_role_dimension_size_rule():
   msg = str(e.value)
   assert "\n" not in msg and msg.startswith("nvfp4_backend=te: Transformer Engine would refuse layers 0-3 wi_0")
   assert "= 200 is not a multiple of" in msg and "8 more" in msg and "nvfp4_backend=emulate" in msg
+  assert "change base_mlp_dim (sizes are per device shard)" in msg
   te_backend.check_te_shapes(recipes_mod.resolve([os.path.join(RECIPES, "llama3_8b_nvfp4.yml")]).values,
                              settings_mod.Nvfp4Settings())  # nothing to refuse: no error
 
@@ -158,7 +171,8 @@ def test_emulation_logs_the_refusal_line_once_at_start_up(capsys):
   quantization.make_quantization(c)
   out = capsys.readouterr().out
   lines = [l for l in out.splitlines() if l.startswith("Transformer Engine would refuse:")]
-  assert len(lines) == 1 and "wi_0 fprop: N (W 16x16 tiles) = 200" in lines[0], out
+  assert len(lines) == 1 and "per device shard" in lines[0], out
+  assert "  N (W 16x16 tiles) = 200, not a multiple of 16: fprop of wi_0,wi_1 in layers 0-2" in out, out
 
 
 def test_doctor_reports_the_refusals_in_json_and_text():
@@ -168,7 +182,7 @@ def test_doctor_reports_the_refusals_in_json_and_text():
   refused = report["recipe"]["te_refusals"]
   assert len(refused) == 9 and refused[0] == dict(layers="layers 0-3", role="wi_0", gemm="fprop",
                                                   dimension="N (W 16x16 tiles)", size=200, multiple=16,
-                                                  rule=refused[0]["rule"])
+                                                  rule=refused[0]["rule"], keys=("base_mlp_dim",))
   text = doctor.format_human(report)
   assert "Transformer Engine would refuse: 9 limit(s) broken" in text
   assert "    layers 0-3 wo fprop: K (fprop contraction) = 200 is not a multiple of 32" in text
