@@ -97,9 +97,13 @@ A short alias of `python -m maxtext.trainers.pre_train.train`: the same `main`, 
 `absl.app.run` so absl logging is configured and every step prints its `completed step: ...` line.
 It also creates the folder of a local `metrics_file` once the config is read: MaxText appends to that
 file without creating its folder, which would fail after compilation and the first training step.
+An argument that is neither the first CONFIG.yml nor key=value (a recipe name such as `demo_nvfp4`)
+stops at once with one line and exit code 2: MaxText would read it as an unknown key and end in a
+traceback whose last line lists every config field (about 21,000 characters).
 \"\"\"
 
 import os
+import sys
 
 from absl import app
 
@@ -122,7 +126,29 @@ def initialize(argv):
   return config, recorder
 
 
+def argument_error(argv) -> str | None:
+  \"\"\"One line naming the fix for the first argument that is neither the leading `.yml` path nor
+  `key=value`, else None.\"\"\"
+  for i, arg in enumerate(argv[1:]):
+    if "=" in arg or (i == 0 and arg.endswith(".yml")):
+      continue
+    where = "the config must be a .yml path" if i == 0 else "after the config, give key=value"
+    fix = f"{arg}.yml" if i == 0 else f"{arg}=VALUE"
+    try:  # a packaged maxtext-nvfp4 recipe name: say where its file is
+      from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+      fix = recipes.find_recipe(arg) if i == 0 else fix
+    except Exception:  # pylint: disable=broad-exception-caught  (not installed, or no such recipe)
+      pass
+    return f"python -m maxtext.train: error: {arg!r} is neither CONFIG.yml nor key=value ({where}); did you mean {fix}?"
+  return None
+
+
 def main(argv):
+  error = argument_error(argv)
+  if error:
+    print(error, file=sys.stderr, flush=True)
+    sys.exit(2)
   train.initialize = initialize  # train.main (and an elastic restart) reads the config through it
   train.main(argv)
 
@@ -157,7 +183,10 @@ _COMMITS = (
         "maxtext.trainers.pre_train.train.main under absl.app.run, so absl logging\n"
         "is set up and the per-step `completed step: ...` lines are printed.\n"
         "It creates the folder of a local metrics_file once the config is read\n"
-        "(the metrics writer appends to the file without creating its folder).",
+        "(the metrics writer appends to the file without creating its folder),\n"
+        "and stops with one line (exit 2) on an argument that is neither the\n"
+        "leading CONFIG.yml nor key=value, e.g. a recipe name, which MaxText\n"
+        "would read as an unknown key (a traceback listing every config field).",
     ),
 )
 

@@ -10,7 +10,8 @@ first imported or at registration if it already is:
   validates with :data:`Nvfp4MaxTextConfig` (``MaxTextConfig`` + every ``nvfp4_*`` key of
   :mod:`maxtext_nvfp4.core.settings`, choices as ``Literal`` so the error lists them), turns pydantic
   errors on our keys into one line, then runs :func:`settings.validate` (num_layers, steps, scan_layers)
-  and the backend choice, all before any compilation. Errors flow through MaxText's
+  and the backend choice, all before any compilation. MaxText's "AQT quantization is deprecated" warning
+  is dropped for an nvfp4 config (:func:`log_filter.hold_nvfp4_only`). Errors flow through MaxText's
   ``_handle_config_exception`` ("MAXTEXT CONFIG ERROR: ...", exit code 2; re-raised under pytest).
 * ``maxtext.layers.quantizations.configure_quantization``: returns
   :func:`maxtext_nvfp4.integration.quantization.make_quantization` for ``quantization=nvfp4`` and
@@ -37,6 +38,7 @@ from __future__ import annotations
 from maxtext_nvfp4.integration import config_checks
 from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
+from maxtext_nvfp4.integration import log_filter
 from maxtext_nvfp4.integration import sparse_moe
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
@@ -53,7 +55,9 @@ def patch_pyconfig(pyconfig) -> None:
       if config_class is types.MaxTextConfig:
         config_class = config_schema.Nvfp4MaxTextConfig
       try:
-        config = orig(argv, config_class=config_class, **kwargs)
+        with log_filter.hold_nvfp4_only() as release:  # MaxText's AQT deprecation warning: not for nvfp4
+          config = orig(argv, config_class=config_class, **kwargs)
+          release(config_schema.is_nvfp4(config))
       except pydantic.ValidationError as e:
         short = config_errors.one_line_error(e)
         if short is None:

@@ -22,8 +22,11 @@ Conveniences over calling MaxText directly:
   Hugging Face tokenizer MaxText picks itself), we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
   and say so.
 * Config errors MaxText finds later (ours and its pydantic ones) end the process with exit code 2 and
-  the one-line ``MAXTEXT CONFIG ERROR: ...`` message, without a traceback. (MaxText itself re-raises
+  one line, ``maxtext-nvfp4 train: error: ...``, without a traceback. (MaxText itself re-raises
   instead of exiting 2 whenever ``unittest`` is imported, which its own imports do.)
+* MaxText's and its libraries' misleading messages (``[NO-OP] ... dependency missing``, "PyTorch was not
+  found", the AQT deprecation for nvfp4, ...) are hidden, and one line says so
+  (:mod:`maxtext_nvfp4.integration.log_filter`; ``MAXTEXT_NVFP4_VERBOSE=1`` shows them).
 """
 
 from __future__ import annotations
@@ -78,14 +81,26 @@ def _config_error_types() -> tuple[type, ...]:
           maxtext_versions.MaxTextVersionError)
 
 
+def config_error_line(e: Exception) -> str:
+  """The one stderr line for a config error found once MaxText runs: ours (``maxtext-nvfp4 train: error:
+  <key>=<value> ...``), or MaxText's pydantic validation text joined into one line and said to be MaxText's."""
+  import pydantic  # pylint: disable=import-outside-toplevel
+
+  text = " ".join(str(e).split())
+  if isinstance(e, pydantic.ValidationError):
+    text = f"MaxText refused the config: {text}"
+  return f"maxtext-nvfp4 train: error: {text}"
+
+
 def _main_exit_2_on_config_error(argv):
-  """``train.main(argv)``, but a config error exits 2 with its one line (MaxText already logged it)."""
+  """``train.main(argv)``, but a config error exits 2 with its one line (:func:`config_error_line`; the
+  log filter keeps MaxText's own ``MAXTEXT CONFIG ERROR`` banner of it out of the log)."""
   from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
 
   try:
     plugin.run_pretrain(argv)
   except _config_error_types() as e:
-    print(f"MAXTEXT CONFIG ERROR: {' '.join(str(e).split())}", file=sys.stderr, flush=True)
+    print(config_error_line(e), file=sys.stderr, flush=True)
     sys.exit(2)
 
 
@@ -270,6 +285,23 @@ def moe_error(cfg: dict) -> str | None:
   return None
 
 
+def te_shapes_error(cfg: dict) -> str | None:
+  """With ``nvfp4_backend=te``: the TE backend's one-line refusal of a decoder GEMM shape TE cannot run
+  (decided from the keys alone, before any device check), else None."""
+  if str(cfg.get("quantization", "")) != "nvfp4" or str(cfg.get("nvfp4_backend", "auto")) != "te":
+    return None
+  from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import model_layout  # pylint: disable=import-outside-toplevel
+
+  try:
+    te_backend.check_te_shapes(cfg, settings.from_config(cfg), layout=model_layout.layout_of(cfg))
+  except capability.BackendError as e:
+    return str(e)
+  return None
+
+
 def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   """``(args with the recipe resolved to its path, effective config)``, or :class:`recipes.RecipeError` /
   :class:`settings.SettingsError` with the one line to print: everything :func:`cli_main` refuses before
@@ -292,7 +324,8 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   if bad_type is not None:
     raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
-  problem = ((nvfp4 and recipes.settings_error(cfg)) or cpu_host_error(args, cfg) or hardware_error(args, cfg)
+  problem = ((nvfp4 and recipes.settings_error(cfg)) or te_shapes_error(cfg) or cpu_host_error(args, cfg)
+             or hardware_error(args, cfg)
              or moe_error(cfg) or expert_parallel_error(cfg) or recipes.missing_data_error(cfg))
   if problem:
     raise recipes.RecipeError(problem)
@@ -324,6 +357,9 @@ def cli_main(argv: list[str]) -> int:
     if hasattr(stream, "reconfigure"):
       stream.reconfigure(line_buffering=True)
   maxtext_nvfp4.register()
+  from maxtext_nvfp4.integration import log_filter  # pylint: disable=import-outside-toplevel
+
+  log_filter.install()
   args = with_single_host_cpu_defaults(with_default_tokenizer(args, cfg), cfg)
   record = _record_run(args, cfg)
   from absl import app  # pylint: disable=import-outside-toplevel

@@ -80,6 +80,10 @@ ROWS = [
     ("train-missing-demo-data", ["train", "demo_nvfp4"], ["grain_train_files=data/embedded/train-*.parquet",
                                                           "maxtext-nvfp4 prepare-data"]),
     ("train-te-on-cpu", ["train", "ok.yml", "nvfp4_backend=te"], ["nvfp4_backend=te", "nvfp4_backend=emulate"]),
+    # a shape Transformer Engine refuses: sizes said to be per device shard, the key to change named (any host)
+    ("train-te-refused-shape", ["train", "ok.yml", "nvfp4_backend=te", "base_mlp_dim=200"],
+     ["maxtext-nvfp4 train: error: nvfp4_backend=te: Transformer Engine would refuse", "= 200",
+      "change base_mlp_dim (sizes are per device shard)", "nvfp4_backend=emulate"]),
     # --- train: GPU-node recipes on a CPU host name every blocker at once (no fix-one-see-the-next loop)
     ("train-8b-emulate-on-cpu", ["train", "llama3_8b_nvfp4", "nvfp4_backend=emulate"],
      ["attention=cudnn_flash_te", "ici_fsdp_parallelism=4 needs 4 devices per slice", "demo_nvfp4.yml"]),

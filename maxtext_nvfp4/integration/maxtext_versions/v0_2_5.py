@@ -14,7 +14,7 @@ aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen a
 ``tensor_handling.stacked_axes``: a scanned MoE weight stacks (experts, layers) leading).
 """
 
-from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, MaxTextVersion, Touch
+from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, LogNoise, MaxTextVersion, Touch
 
 _TYPES = "maxtext.configs.types"
 _PYCONFIG = "maxtext.configs.pyconfig"
@@ -164,4 +164,21 @@ ADAPTER = MaxTextVersion(
     },
     sparse_matmul_reads_quant_dg=False,  # get_quantization_dtypes: getattr(self.quant, "quant_dg", None)
     train_step_traces_per_run=1,  # train.py: `compiled = p_train_step.lower(...).compile()` is what the loop runs
+    log_noise=(
+        LogNoise(kind="print", source="maxtext.common.gcloud_stub", text=": dependency missing; using stub.",
+                 label="[NO-OP] stubs", why="optional Google Cloud packages (goodput, diagnostics, workload"
+                 " monitor, Vertex TensorBoard) MaxText replaces with stubs; the run does not use them"),
+        LogNoise(kind="logger", source="transformers", text="PyTorch was not found", label="PyTorch not found",
+                 why="MaxText uses transformers for tokenizers and model configs only, never its PyTorch models"),
+        LogNoise(kind="logger", source="transformers.configuration_utils",
+                 text="got `key=rope_scaling` in kwargs", label="rope_scaling",
+                 why="MaxText builds DeepSeek V3.2/V4 config objects at import; they are not the model you train"),
+        LogNoise(kind="logger", source=_TYPES, text="AQT quantization is deprecated", label="AQT deprecation",
+                 why="quantization=nvfp4 is not AQT, and the use_qwix_quantization=True it suggests is refused"
+                 " by the plugin", nvfp4_only=True),
+        LogNoise(kind="logger", source="absl", text="Memstats unavailable", label="Memstats unavailable",
+                 why="devices without memory statistics (CPU); its 'Memstats: <label>:' header goes with it"),
+        LogNoise(kind="logger", source="absl", text="MAXTEXT CONFIG ERROR:", label="config-error banner",
+                 why="the train command prints every config error itself, once, with its own prefix"),
+    ),
 )
