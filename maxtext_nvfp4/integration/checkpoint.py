@@ -163,7 +163,7 @@ def eval_batches(config, num_batches: int) -> Iterator[dict[str, np.ndarray]]:
     train_it, eval_it = create_data_iterator(config, mesh)
   except Exception as e:  # pylint: disable=broad-exception-caught  (the pipelines raise many kinds)
     raise CheckpointError(f"calibration data: cannot open the run's data ({' '.join(str(e).split())[:200]}):"
-                          " check the dataset keys, or pass --calibration-batches 0") from None
+                          " check the dataset keys") from None
   it = eval_it if eval_it is not None else train_it
   for _ in range(num_batches):
     try:

@@ -246,8 +246,7 @@ def _batches(config, n: int, flag: str):
   try:
     yield from ckpt.eval_batches(config, n)
   except ckpt.CheckpointError as e:
-    msg = str(e).replace(", or pass --calibration-batches 0", "")
-    raise ckpt.CheckpointError(f"{msg} (dataset keys: dataset_type, grain_train_files/grain_eval_files, hf_path;"
+    raise ckpt.CheckpointError(f"{e} (dataset keys: dataset_type, grain_train_files/grain_eval_files, hf_path;"
                                f" {flag} sets how many batches)") from None
 
 
