@@ -138,9 +138,6 @@ __all__ = [
 BLOCK = 16
 E2M1_MAX = E2M1.max  # 6
 E4M3_MAX = E4M3.max  # 448: the largest E4M3 value (the per-block scale's saturation bound)
-# Deprecated: a tensor's global denominator is ``6 * t.e4m3_bound`` (:func:`global_denominator`). Kept only
-# for core/serving.py, which still divides by it.
-GLOBAL_DENOM = E4M3_MAX * E2M1_MAX  # 2688
 # TE's fixed wgrad RHT sign vector (hadamard.py get_wgrad_sign_vector; bitmask 0xD7E8).
 RHT_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 # E2M1 value of each 4-bit code (bit 3 sign, bits 0-2 magnitude index): the decode table of float4_e2m1fn.

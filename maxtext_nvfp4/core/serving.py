@@ -74,7 +74,7 @@ def quantize_linears(weights: list[np.ndarray]) -> list[ServingLinear]:
 
 def input_scale(amax) -> np.ndarray:
   """ModelOpt's activation global scale ``amax / (6 * 448)`` (fp32; vLLM quantizes with its inverse)."""
-  return np.asarray(np.float32(amax) / np.float32(nvfp4.GLOBAL_DENOM), np.float32)
+  return np.asarray(np.float32(amax) / np.float32(nvfp4.global_denominator()), np.float32)
 
 
 def linear_units(names: list[str]) -> list[list[str]]:

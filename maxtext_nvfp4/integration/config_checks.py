@@ -28,7 +28,7 @@ def validate_config(config) -> None:
   if s.backend == "te":  # what TE refuses is decided from the config alone: say it before the device check
     te_backend.check_te_settings(s)
     te_backend.check_te_shapes(config, s, layout=layout)
-  capability.choose_backend(s.backend)
+  capability.choose_backend(s.backend, settings=s)
   # MoE paths that would skip the plan (the device-count check waits for make_quantization: asking JAX for
   # devices here would start its backend before MaxText initializes jax.distributed).
   moe_refusals.check_model(config, s, s.backend, num_devices=None, layout=layout)

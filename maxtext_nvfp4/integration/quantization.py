@@ -39,7 +39,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
   s = settings_lib.from_config(config)
   layout = model_layout.layout_of(config)
   facts = touchpoints.adapter()
-  choice = capability.choose_backend(s.backend)
+  choice = capability.choose_backend(s.backend, settings=s)
   capability.announce(choice, log=log_once)
   log_once(precision_text.precision_table_text(config, layout))
   if choice.name == "te":
