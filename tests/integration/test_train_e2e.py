@@ -43,8 +43,10 @@ def test_backend_table_and_tokenizer_are_reported(run):
   text = proc.stdout + proc.stderr
   assert "NVFP4 backend = emulate" in text
   assert "no tokenizer_path given; using" in text and "tokenizer.llama2" in text
-  table = [l.split() for l in text.splitlines() if l.split()[:2] in (["0", "wo"], ["1", "wo"])]
-  assert ["0", "wo", "nvfp4", "nvfp4", "nvfp4"] in table and ["1", "wo", "bf16", "bf16", "bf16"] in table
+  # the start-up table: runs of identical layers, the roles sharing precisions on one line
+  roles = "query,key,value,out,wi_0,wi_1,wo"
+  table = [l.split() for l in text.splitlines() if l.split()[:2] in (["0", roles], ["1", roles])]
+  assert table == [["0", roles, "nvfp4", "nvfp4", "nvfp4"], ["1", roles, "bf16", "bf16", "bf16"]], table
 
 
 def test_metrics_file_has_every_step(run):
