@@ -1,17 +1,23 @@
-"""Checkpoints across precisions, exact resume with stochastic rounding, and a SIGKILL'ed training process.
+"""Determinism, checkpoints across precisions, and exact resume (stochastic rounding on) after a SIGKILL.
 
 One module-scoped set of MaxText runs (tiny model, CPU, local synchronous Orbax checkpoints every step):
 
   nvfp4            quantization=nvfp4 (SR + RHT on) from scratch, STEPS steps, checkpoints 0..STEPS-1
-  nvfp4_resumed    nvfp4 restarted from nvfp4's step-0 checkpoint (later ones absent, as after a crash)
+  nvfp4_again      the same run again: every step's loss and gradient/parameter norms bit-identical
   bf16_from_nvfp4  quantization='' restarted from nvfp4's step-0 checkpoint; writes its own checkpoints
   fp8_from_nvfp4   quantization=fp8 restarted from nvfp4's step-0 checkpoint; writes its own checkpoints
-  nvfp4_from_bf16  nvfp4 restarted from bf16_from_nvfp4's step-1 checkpoint
   nvfp4_from_fp8   nvfp4 restarted from fp8_from_nvfp4's step-1 checkpoint
+
+plus a real ``python -m maxtext_nvfp4.train`` process killed with SIGKILL after its first complete checkpoint,
+restarted (in this process) from what it left: the resumed steps equal the uninterrupted nvfp4 run bit for bit,
+stochastic rounding included (the SR bits depend on seed, step, layer and role only:
+tests/integration/test_determinism.py).
 
 MaxText's checkpoint N holds the state after step N's update, so a run restored from it starts at step
 N + 1, whose loss is computed from exactly the restored parameters: with the same precision it equals
 the writer's loss at N + 1 bit for bit; in another precision it is close (same weights, other GEMMs).
+nvfp4 reading a bf16-written checkpoint needs no run of its own: test_nvfp4_adds_nothing_to_the_checkpoint
+shows the two trees are the same (paths, shapes, dtypes), and nvfp4 restoring that tree is the SIGKILL test.
 The compiled train steps are shared through JAX's persistent compilation cache, so only the first run
 of each precision compiles.
 """
@@ -35,15 +41,19 @@ maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the pa
 pytestmark = pytest.mark.slow
 
 STEPS = 4
-# A small 2-layer Llama; learning rate high enough that one step moves the loss far more than the
-# precision does (so "close to the writer's loss" cannot be passed by a run that restarted from scratch).
+# A small 1-layer Llama (checkpointing does not depend on the depth; one layer halves the compiles); learning
+# rate high enough that one step moves the loss far more than the precision does (so "close to the writer's
+# loss" cannot be passed by a run that restarted from scratch; 1e-2 moved this model's first loss by 23%,
+# short of the 25% asserted below).
 SMALL = dict(base_emb_dim=32, base_num_query_heads=2, base_num_kv_heads=2, base_mlp_dim=64,
-             base_num_decoder_layers=2, vocab_size=128, steps=STEPS, learning_rate=1e-2)
+             base_num_decoder_layers=1, vocab_size=128, steps=STEPS, learning_rate=2e-2)
 CKPT = dict(enable_checkpointing=True, async_checkpointing=False, checkpoint_period=1)
 PRECISIONS = {"nvfp4": {"quantization": "nvfp4"}, "bf16": {"quantization": ""}, "fp8": {"quantization": "fp8"}}
-# |loss in another precision - writer's loss| at the same step, relative (measured 0.7% to 2.1%; one
-# training step moves the loss by 20-25%).
+# |loss in another precision - writer's loss| at the same step, relative (measured 0.7% to 1.6%; the first
+# training step moves the loss by ~40%).
 CLOSE = 0.05
+# The determinism check compares these metrics of two identical runs bit for bit.
+COMPARED = ("learning/loss", "learning/grad_norm", "learning/raw_grad_norm", "learning/param_norm")
 
 
 def run_argv(out, name, precision, **extra):
@@ -88,10 +98,9 @@ def runs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("ckpt"))
   plan = [
       ("nvfp4", "nvfp4", None),
-      ("nvfp4_resumed", "nvfp4", ("nvfp4", 0)),
+      ("nvfp4_again", "nvfp4", None),
       ("bf16_from_nvfp4", "bf16", ("nvfp4", 0)),
       ("fp8_from_nvfp4", "fp8", ("nvfp4", 0)),
-      ("nvfp4_from_bf16", "nvfp4", ("bf16_from_nvfp4", 1)),
       ("nvfp4_from_fp8", "nvfp4", ("fp8_from_nvfp4", 1)),
   ]
   result = {"out": out, "seeded": {}}
@@ -102,6 +111,7 @@ def runs(tmp_path_factory):
     _train(run_argv(out, name, precision))
     result[name] = losses(os.path.join(out, f"{name}.jsonl"))
     result[name + "/ckpts"] = complete_steps(out, name)
+  print("\ncheckpoint runs' losses:", {name: result[name] for name, _, _ in plan})
   return result
 
 
@@ -125,17 +135,25 @@ def test_nvfp4_adds_nothing_to_the_checkpoint(runs):
   assert {p: fp[p] for p in nv} == nv
 
 
-def test_resume_with_stochastic_rounding_is_bit_identical(runs):
-  full, resumed = runs["nvfp4"], runs["nvfp4_resumed"]
-  assert sorted(resumed) == list(range(1, STEPS)), resumed  # step counter continues after checkpoint 0
-  for s in resumed:
-    assert resumed[s] == full[s], (s, resumed, full)
+def test_two_identical_runs_are_bitwise_identical(runs):
+  """Two identical NVFP4 runs (stochastic rounding and RHT on) give bitwise-identical metrics at every step."""
+  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import settings as settings_lib  # pylint: disable=import-outside-toplevel
+
+  s = settings_lib.from_config(pyconfig.initialize(run_argv(runs["out"], "nvfp4", "nvfp4")))
+  assert s.stochastic_rounding and s.rht  # randomness is really in play
+  a, b = (read_metrics(os.path.join(runs["out"], f"{name}.jsonl")) for name in ("nvfp4", "nvfp4_again"))
+  assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(STEPS))
+  for ma, mb in zip(a, b):
+    for k in COMPARED:
+      assert np.float32(ma[k]).tobytes() == np.float32(mb[k]).tobytes(), (ma["step"], k, ma[k], mb[k])
+  losses_a = [m["learning/loss"] for m in a]
+  assert len(set(losses_a)) == len(losses_a)  # it trains (not a constant that would compare equal trivially)
 
 
 @pytest.mark.parametrize("reader, writer, first", [
     ("bf16_from_nvfp4", "nvfp4", 1),
     ("fp8_from_nvfp4", "nvfp4", 1),
-    ("nvfp4_from_bf16", "bf16_from_nvfp4", 2),
     ("nvfp4_from_fp8", "fp8_from_nvfp4", 2),
 ])
 def test_checkpoint_restores_across_precisions(runs, reader, writer, first):
@@ -148,7 +166,8 @@ def test_checkpoint_restores_across_precisions(runs, reader, writer, first):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Crash safety: a real training process killed with SIGKILL after its first complete checkpoint
+# Crash safety: a real training process killed with SIGKILL after its first complete checkpoint, then
+# exact resume (stochastic rounding on) from what it left
 # ---------------------------------------------------------------------------------------------------
 def _cli(out, name, metrics):
   argv = run_argv(out, name, "nvfp4", metrics_file=metrics, skip_jax_distributed_system=True)[1:]
@@ -181,13 +200,13 @@ def test_sigkill_mid_run_then_restart_matches_uninterrupted_run(runs):
   last = done[-1]
   assert last < STEPS - 1, f"the run had finished ({done}) before the kill"
 
-  # Restart with the same command (fresh metrics file to see only the resumed steps).
+  # Restart with the same keys, in this process (the restore is MaxText's either way; a second process would
+  # only import MaxText again). Fresh metrics file to see only the resumed steps.
   metrics = os.path.join(out, "restarted.jsonl")
-  r = subprocess.run(_cli(out, name, metrics), capture_output=True, text=True, env=env, timeout=900, check=False)
-  assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+  _train(run_argv(out, name, "nvfp4", metrics_file=metrics, skip_jax_distributed_system=True))
   resumed = losses(metrics)
-  assert sorted(resumed) == list(range(last + 1, STEPS)), (done, resumed)
-  for s in resumed:  # the uninterrupted in-process run, bit for bit
+  assert sorted(resumed) == list(range(last + 1, STEPS)), (done, resumed)  # the step counter continues
+  for s in resumed:  # the uninterrupted in-process run, bit for bit (stochastic rounding and RHT on)
     assert resumed[s] == runs["nvfp4"][s], (s, resumed, runs["nvfp4"])
   assert all(m["run_name"] == name for m in read_metrics(metrics))
   assert complete_steps(out, name)[-1] == STEPS - 1

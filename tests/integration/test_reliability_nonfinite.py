@@ -34,6 +34,10 @@ FP8 = gemm.GemmRecipe(fprop="fp8", dgrad="fp8", wgrad="fp8")
 BF16 = gemm.GemmRecipe(fprop="bf16", dgrad="bf16", wgrad="bf16")
 KEY = jax.random.key(3)
 F32_MAX = float(np.finfo(np.float32).max)
+# Every 2D case below is x [M, K] . W [K, N] with these sizes (two 16-row token blocks, four 16-wide K blocks):
+# the jitted forward/backward per recipe compiles once and serves them all.
+M, K, N = 32, 64, 48
+DN2 = (((1,), (0,)), ((), ()))
 
 
 def _rand(seed, shape, scale=1.0):
@@ -116,10 +120,10 @@ def test_bad_value_poisons_exactly_the_dependent_outputs(shapes, bad):
 @pytest.mark.parametrize("recipe", [NVFP4, FP8, BF16], ids=["nvfp4", "fp8", "bf16"])
 def test_infinite_product_has_the_right_sign(recipe, sign):
   # x > 0 with one ±Inf in row 0, W > 0: the exact row 0 of x.W is ±Inf in every column.
-  x = jnp.abs(_rand(4, (32, 32))) + 0.5
-  w = jnp.abs(_rand(5, (32, 32))) + 0.5
+  x = jnp.abs(_rand(4, (M, K))) + 0.5
+  w = jnp.abs(_rand(5, (K, N))) + 0.5
   x = x.at[0, 3].set(sign * np.inf)
-  y, _, dw = _vjp(recipe, x, w, jnp.ones((32, 32)), (((1,), (0,)), ((), ())))
+  y, _, dw = _vjp(recipe, x, w, jnp.ones((M, N)), DN2)
   y = np.asarray(y)
   assert (y[0] == sign * np.inf).all(), y[0]
   assert not np.isnan(y[0]).any()
@@ -132,8 +136,8 @@ def test_infinite_product_has_the_right_sign(recipe, sign):
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("recipe", [NVFP4, FP8], ids=["nvfp4", "fp8"])
 def test_zero_tensors_give_exact_zeros(recipe):
-  dn = (((1,), (0,)), ((), ()))
-  x, w, dy = _rand(6, (32, 48)), _rand(7, (48, 32)), _rand(8, (32, 32))
+  dn = DN2
+  x, w, dy = _rand(6, (M, K)), _rand(7, (K, N)), _rand(8, (M, N))
   z = lambda a: np.asarray(a, np.float32)
   y, dx, dw = _vjp(recipe, jnp.zeros_like(x), w, dy, dn)
   assert not z(y).any() and not z(dw).any() and _all_finite(dx)
@@ -146,8 +150,8 @@ def test_zero_tensors_give_exact_zeros(recipe):
 
 
 def test_zero_blocks_give_exact_zeros_and_leave_other_blocks_alone():
-  dn = (((1,), (0,)), ((), ()))
-  x, w, dy = _rand(9, (48, 64)), _rand(10, (64, 32)), _rand(11, (48, 32))
+  dn = DN2
+  x, w, dy = _rand(9, (M, K)), _rand(10, (K, N)), _rand(11, (M, N))
   x = x.at[16:32].set(0.0)  # one whole 16-token block (wgrad blocks run along tokens) and 16 fprop rows
   x = x.at[:, :16].set(0.0)  # one 1x16 fprop block in every row
   w = w.at[:16].multiply(0.25)  # W's amax lies outside the rows that meet the zero x-blocks
@@ -168,8 +172,8 @@ def test_zero_blocks_give_exact_zeros_and_leave_other_blocks_alone():
 @pytest.mark.parametrize("operand", ["x", "w", "dy"])
 def test_power_of_two_scaling_is_exact(operand, k):
   """TE's scales are per tensor: q and s8 do not change, amax and alpha scale by 2**k (SR bits included)."""
-  dn = (((1,), (0,)), ((), ()))
-  ops = dict(x=_rand(12, (32, 64)), w=_rand(13, (64, 48), 0.2), dy=_rand(14, (32, 48)))
+  dn = DN2
+  ops = dict(x=_rand(12, (M, K)), w=_rand(13, (K, N), 0.2), dy=_rand(14, (M, N)))
   y, dx, dw = map(np.asarray, _vjp(NVFP4, ops["x"], ops["w"], ops["dy"], dn))
   ops[operand] = ops[operand] * np.float32(2.0**k)
   ys, dxs, dws = map(np.asarray, _vjp(NVFP4, ops["x"], ops["w"], ops["dy"], dn))
@@ -181,8 +185,8 @@ def test_power_of_two_scaling_is_exact(operand, k):
 
 
 def test_bf16_max_operand_overflows_exactly_where_the_math_does():
-  dn = (((1,), (0,)), ((), ()))
-  x, w = _rand(15, (32, 64)) * 0.25, _rand(16, (64, 48))
+  dn = DN2
+  x, w = _rand(15, (M, K)) * 0.25, _rand(16, (K, N))
   x = x.at[0, 0].set(np.float32(2 - 2.0**-7))  # the largest bf16 significand: 2**127 x holds bf16 max
   big = x * np.float32(2.0**127)
   assert float(jnp.max(big)) == float(jnp.finfo(jnp.bfloat16).max)
@@ -196,8 +200,8 @@ def test_bf16_max_operand_overflows_exactly_where_the_math_does():
 
 def test_tiny_amax_below_the_scale_clamp_stays_finite():
   # amax = 2**-123 < 2688 / FLT_MAX: TE clamps S_enc to FLT_MAX. Nothing may turn into NaN or Inf.
-  dn = (((1,), (0,)), ((), ()))
-  x, w, dy = _rand(17, (32, 64)), _rand(18, (64, 48), 0.2), _rand(19, (32, 48))
+  dn = DN2
+  x, w, dy = _rand(17, (M, K)), _rand(18, (K, N), 0.2), _rand(19, (M, N))
   x = x / jnp.max(jnp.abs(x)) * np.float32(2.0**-123)
   assert 2688.0 / float(jnp.max(jnp.abs(x))) > F32_MAX
   for a in _vjp(NVFP4, x, w, dy, dn):

@@ -17,9 +17,10 @@ STEPS = 3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("e2e"))
-  # No tokenizer_path: the entry point must supply the packaged one (MaxText's pip default is broken).
+  # No tokenizer_path: the entry point must supply the packaged one (MaxText's pip default is broken). NVFP4 on
+  # the MLP GEMMs of layer 0 (layer 1 kept in bf16): both kinds of table row, a third of the compile of all GEMMs.
   args = tiny_argv(out, run_name="e2e", steps=STEPS, quantization="nvfp4", nvfp4_keep_last_layers=1,
-                   base_num_decoder_layers=2, tokenizer_path=None)[1:]
+                   nvfp4_targets="mlp", base_num_decoder_layers=2, tokenizer_path=None)[1:]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-m", "maxtext_nvfp4.train", *args], capture_output=True, text=True,
                         timeout=900, env=env, check=False)
@@ -43,10 +44,14 @@ def test_backend_table_and_tokenizer_are_reported(run):
   text = proc.stdout + proc.stderr
   assert "NVFP4 backend = emulate" in text
   assert "no tokenizer_path given; using" in text and "tokenizer.llama2" in text
-  # the start-up table: runs of identical layers, the roles sharing precisions on one line
-  roles = "query,key,value,out,wi_0,wi_1,wo"
-  table = [l.split() for l in text.splitlines() if l.split()[:2] in (["0", roles], ["1", roles])]
-  assert table == [["0", roles, "nvfp4", "nvfp4", "nvfp4"], ["1", roles, "bf16", "bf16", "bf16"]], table
+  # the start-up table: runs of identical layers, the roles sharing precisions on one line (a run's later
+  # lines leave the layer column blank): layer 0's MLP in NVFP4, its attention and all of layer 1 in bf16
+  lines = text.splitlines()
+  head = next(i for i, l in enumerate(lines) if l.split()[:2] == ["layers", "roles"])
+  assert [l.split() for l in lines[head + 2 : head + 5]] == [
+      ["0", "query,key,value,out", "bf16", "bf16", "bf16"],
+      ["wi_0,wi_1,wo", "nvfp4", "nvfp4", "nvfp4"],
+      ["1", "query,key,value,out,wi_0,wi_1,wo", "bf16", "bf16", "bf16"]], lines[head : head + 6]
 
 
 def test_metrics_file_has_every_step(run):
