@@ -265,7 +265,10 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
   shape = serving.LlamaShape(num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
                              num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
                              rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_parameters"]["rope_theta"])
-  hf_logits = np.asarray(serving.llama_forward(w, shape, tokens)[0])
+  import jax  # pylint: disable=import-outside-toplevel
+
+  forward = jax.jit(lambda w, t: serving.llama_forward(w, shape, t)[0])  # compiled, not op by op (twice below)
+  hf_logits = np.asarray(forward(w, tokens))
   config = checkpoint.load_config(_overrides(exported["out"], quantization="", dtype="float32",
                                              matmul_precision="highest"))
   mt_logits = checkpoint.maxtext_logits(config, _to_maxtext(w), tokens)
@@ -281,7 +284,7 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
     for name, a in hf_layout(exported["trained"], i).items():
       np.testing.assert_array_equal(model.tensors[f"model.layers.{i}.{name}.weight"], a, err_msg=name)
   mt_trained = checkpoint.maxtext_logits(config, nested(exported["trained"]), tokens)
-  hf_trained = np.asarray(serving.llama_forward(model.tensors, shape, tokens)[0])
+  hf_trained = np.asarray(forward(dict(model.tensors), tokens))
   np.testing.assert_allclose(hf_trained, mt_trained, atol=2e-4 * np.abs(mt_trained).max(), rtol=0)
 
 
