@@ -425,8 +425,8 @@ def test_errors():
     gemm.GemmRecipe(fprop="fp4")
   with pytest.raises(ValueError, match="does not match"):
     gemm.dot_general(x, jnp.ones((8, 16)), dn, recipe=NO_SR)
-  # No SR anywhere (bf16/fp8 backward): no key needed.
-  gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(dgrad="bf16", wgrad="fp8"))
+  # No SR anywhere (bf16/fp8 backward): no key needed (checked when the call is traced: eval_shape, no compile).
+  jax.eval_shape(lambda x, w: gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(dgrad="bf16", wgrad="fp8")), x, w)
 
 
 @pytest.mark.parametrize("precision", ["nvfp4", "fp8"])
@@ -446,10 +446,11 @@ def test_non_finite_operands_poison_outputs(precision, bad):
 
 
 def test_dtypes_follow_inputs():
+  # Dtypes are decided at trace time: jax.eval_shape traces the same jitted programs without compiling them.
   x, w, dy = _rand(39, (16, 32), jnp.bfloat16), _rand(40, (32, 16), jnp.float32), _rand(41, (16, 16))
-  y, dx, dw = _fwd_and_grads(NO_SR, x, w, dy)
+  y, dx, dw = jax.eval_shape(lambda x, w, dy: _fwd_and_grads(NO_SR, x, w, dy), x, w, dy)
   assert (y.dtype, dx.dtype, dw.dtype) == (jnp.float32, jnp.bfloat16, jnp.float32)
-  y = _fwd(NO_SR, x, w.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+  y = jax.eval_shape(lambda x, w: _fwd(NO_SR, x, w, preferred_element_type=jnp.float32), x, w.astype(jnp.bfloat16))
   assert y.dtype == jnp.float32
 
 

@@ -7,6 +7,8 @@ Bit for bit on the RNE path (stochastic rounding off), forward and both gradient
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,7 @@ from maxtext_nvfp4.core import nvfp4 as numerics
 
 RNE = gemm.GemmRecipe(stochastic_rounding=False)
 BF16 = gemm.GemmRecipe(fprop="bf16", dgrad="bf16", wgrad="bf16")
-SIZES = (0, 1, 15, 16, 17, 3)  # an empty expert, groups below/at/above one 16-token block
+SIZES = (0, 1, 15, 16, 17)  # an empty expert, groups below/at/above one 16-token block (and unaligned starts)
 K, N = 32, 48
 CONTRACT_2D = (((1,), (0,)), ((), ()))
 
@@ -57,10 +59,19 @@ def _vjp(fn, x, w, dy):
   return jax.jit(run)(x, w, dy)
 
 
+@functools.partial(jax.jit, static_argnames="sr")
+def _ragged_vjp(x, w, gs, dy, sr: bool, key):
+  """(y, dx, dW) of the grouped GEMM with traced group sizes (as MaxText's routing gives them); one compile
+  per (shapes, sr), shared by the tests below."""
+  recipe = gemm.GemmRecipe(stochastic_rounding=sr)
+  y, pull = jax.vjp(lambda p, q: grouped_gemm.ragged_dot(p, q, gs, recipe=recipe, key=key), x, w)
+  return (y,) + pull(dy)
+
+
 def test_ragged_equals_per_expert_loop_bit_for_bit_forward_and_both_gradients():
   x, w, dy = _operands(SIZES)
   gs = jnp.asarray(SIZES, jnp.int32)
-  got = _vjp(lambda a, b: grouped_gemm.ragged_dot(a, b, gs, recipe=RNE), x, w, dy)
+  got = _ragged_vjp(x, w, gs, dy, sr=False, key=jax.random.key(1))  # RNE: the key is unused
   want = _vjp(lambda a, b: _loop_ragged(a, b, SIZES, RNE), x, w, dy)
   for name, g, r in zip(("y", "dx", "dW"), got, want):
     np.testing.assert_array_equal(_bits(g), _bits(r), err_msg=name)
@@ -71,24 +82,22 @@ def test_ragged_equals_per_expert_loop_bit_for_bit_forward_and_both_gradients():
 
 
 def test_ragged_with_traced_group_sizes_and_stochastic_rounding():
-  """Group sizes are traced in MaxText (routing decides them): one compile serves any sizes."""
-  sizes = (17, 3)
+  """Group sizes are traced in MaxText (routing decides them): one compile serves any sizes. (The operands
+  of the test above: its RNE compile is reused.)"""
+  sizes = SIZES
   x, w, dy = _operands(sizes)
   key = jax.random.key(1)
 
   def run(x, w, gs, dy, sr: bool):
-    recipe = gemm.GemmRecipe(stochastic_rounding=sr)
-    y, pull = jax.vjp(lambda p, q: grouped_gemm.ragged_dot(p, q, gs, recipe=recipe, key=key), x, w)
-    return (y,) + pull(dy)
+    return _ragged_vjp(x, w, gs, dy, sr=sr, key=key)
 
-  run = jax.jit(run, static_argnames="sr")
   y, dx, dw = run(x, w, jnp.asarray(sizes, jnp.int32), dy, sr=True)
   ref = run(x, w, jnp.asarray(sizes, jnp.int32), dy, sr=False)
   # same forward as RNE (SR is on the gradient only); finite SR gradients, different bits from RNE
   np.testing.assert_array_equal(_bits(y), _bits(ref[0]))
   assert np.isfinite(_bits(dx)).all() and np.isfinite(_bits(dw)).all()
   assert not np.array_equal(_bits(dw), _bits(ref[2]))
-  other = run(x, w, jnp.asarray((3, 17), jnp.int32), dy, sr=False)  # same compile, other routing
+  other = run(x, w, jnp.asarray(sizes[::-1], jnp.int32), dy, sr=False)  # same compile, other routing
   assert not np.array_equal(_bits(other[0]), _bits(ref[0]))
 
 
@@ -102,19 +111,19 @@ def test_ragged_bf16_recipe_is_ragged_dot():
 
 def test_each_expert_weight_gets_its_own_amax():
   """Expert e's fprop equals the 2D GEMM with W_e quantized alone; with one amax over all W it would not."""
-  sizes = (16, 16, 16, 16)
-  x, w, _ = _operands(sizes, extra_rows=0)
-  y = jax.jit(lambda a, b: grouped_gemm.ragged_dot(a, b, jnp.asarray(sizes, jnp.int32), recipe=RNE))(x, w)
-  e = 0  # the smallest-scale expert: a shared amax (4**3 larger) would flush most of its values
-  x0 = x[:16]
+  x, w, dy = _operands(SIZES)
+  # the forward of the RNE program the first test compiled (same operands)
+  y = _ragged_vjp(x, w, jnp.asarray(SIZES, jnp.int32), dy, sr=False, key=jax.random.key(1))[0]
+  e = 2  # rows 1..15; a shared amax (the last expert's, 4**2 larger) would flush many of its values
+  x0 = x[1:16]
   qw_own = numerics.quantize(w[e], block_2d=True)
   np.testing.assert_array_equal(_bits(numerics.global_decode_scale(qw_own)),
                                 _bits(jnp.max(jnp.abs(w[e].astype(jnp.float32))) / 2688))
   dot = jax.jit(lambda a, b: gemm.dot_general(a, b, CONTRACT_2D, recipe=RNE))
-  np.testing.assert_array_equal(_bits(y[:16]), _bits(dot(x0, w[e])))
-  shared = jnp.concatenate([w[e], w[-1]], axis=1)  # W_0 quantized next to the largest expert's weight
+  np.testing.assert_array_equal(_bits(y[1:16]), _bits(dot(x0, w[e])))
+  shared = jnp.concatenate([w[e], w[-1]], axis=1)  # W_e quantized next to the largest expert's weight
   y_shared = dot(x0, shared)[:, :N]
-  assert not np.array_equal(_bits(y[:16]), _bits(y_shared))
+  assert not np.array_equal(_bits(y[1:16]), _bits(y_shared))
 
 
 @pytest.mark.parametrize("eqn,lhs_shape,rhs_shape,dy_shape", [

@@ -1,13 +1,15 @@
-"""``maxtext-nvfp4 export``: a tiny NVFP4-trained MaxText checkpoint -> ModelOpt's NVFP4 HF format.
+"""``maxtext-nvfp4 export``: a tiny NVFP4 MaxText checkpoint -> ModelOpt's NVFP4 HF format.
 
-One module-scoped fixture trains a 3-layer GQA Llama (head_dim 32, so the query's sqrt(head_dim) factor
-is not a power of two) for 2 steps with checkpoints and ``nvfp4_keep_last_layers=1``, then exports it.
+One module-scoped fixture makes the checkpoint of a 3-layer GQA Llama (head_dim 32, so the query's sqrt(head_dim)
+factor is not a power of two) with ``nvfp4_keep_last_layers=1`` -- MaxText's init tree with seeded distinct
+values (tests/export_families.py; no training compile) -- then exports it.
 The file is read back with a safetensors reader and an NVFP4 decoder written here from docs/export.md
 (not the package's code), and checked against:
   * the format: every tensor's name, dtype and shape; fused groups (q/k/v, gate/up) sharing their scales;
     the two JSON configs vLLM reads;
-  * the numerics: decoded weights == our TE-exact quantizer applied to the trained weights (converted to
-    HF layout here, independently of the exporter), bit for bit; excluded modules == bf16(trained);
+  * the numerics: decoded weights == our TE-exact quantizer applied to the checkpoint's weights ("trained"
+    below; converted to HF layout here, independently of the exporter), bit for bit; excluded modules ==
+    bf16(trained);
   * the layout: an HF-order Llama forward (core.serving.llama_forward: modeling_llama's operations on
     HF names) of the decoded export == MaxText's own forward with the same weights put back in MaxText
     layout, to fp32 tolerance -- names, transposes, RoPE layout and query scaling must all be right;
@@ -25,6 +27,7 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4
+import export_families
 from maxtext_helpers import tiny_argv
 
 maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
@@ -48,12 +51,16 @@ def _overrides(out, **extra):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
-
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
 
   out = str(tmp_path_factory.mktemp("export"))
-  train.main(tiny_argv(out, run_name="run", **MODEL, **TRAIN, skip_jax_distributed_system=True))
+  # The checkpoint a run of this config writes, without training it (tests/export_families.py: MaxText's
+  # own init tree, every tensor distinct, saved as the Orbax params item at step 1); the export of a
+  # checkpoint a training run wrote: tests/peers/test_serving_oracles.py.
+  params = export_families.init_params(checkpoint.load_config(_overrides(out)), seed=0)
+  os.makedirs(os.path.join(out, "run", "checkpoints"))
+  export_families.save_checkpoint(params, os.path.join(out, "run", "checkpoints"), step=1)
   hf_dir = os.path.join(out, "hf")
   rc = export.cli_main([os.path.join(out, "run", "checkpoints"), "--out", hf_dir, "--calibration-batches", "2",
                         "--calibrate-on-synthetic", "--no-tokenizer", *_overrides(out)])
@@ -258,7 +265,10 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
   shape = serving.LlamaShape(num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
                              num_kv_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
                              rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_parameters"]["rope_theta"])
-  hf_logits = np.asarray(serving.llama_forward(w, shape, tokens)[0])
+  import jax  # pylint: disable=import-outside-toplevel
+
+  forward = jax.jit(lambda w, t: serving.llama_forward(w, shape, t)[0])  # compiled, not op by op (twice below)
+  hf_logits = np.asarray(forward(w, tokens))
   config = checkpoint.load_config(_overrides(exported["out"], quantization="", dtype="float32",
                                              matmul_precision="highest"))
   mt_logits = checkpoint.maxtext_logits(config, _to_maxtext(w), tokens)
@@ -274,7 +284,7 @@ def test_hf_forward_of_the_export_matches_maxtexts_forward_of_the_same_weights(e
     for name, a in hf_layout(exported["trained"], i).items():
       np.testing.assert_array_equal(model.tensors[f"model.layers.{i}.{name}.weight"], a, err_msg=name)
   mt_trained = checkpoint.maxtext_logits(config, nested(exported["trained"]), tokens)
-  hf_trained = np.asarray(serving.llama_forward(model.tensors, shape, tokens)[0])
+  hf_trained = np.asarray(forward(dict(model.tensors), tokens))
   np.testing.assert_allclose(hf_trained, mt_trained, atol=2e-4 * np.abs(mt_trained).max(), rtol=0)
 
 

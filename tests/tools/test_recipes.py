@@ -71,12 +71,20 @@ def _model_yml(name):
     return yaml.safe_load(f)
 
 
-def test_every_yml_is_a_recipe_or_a_used_base():
-  ymls = sorted(f[:-4] for f in os.listdir(RECIPES) if f.endswith(".yml"))
+@pytest.fixture(scope="module")
+def resolved():
+  """``{yml name: recipes.resolve([it])}`` for every YAML in recipes/ (each resolve merges MaxText's base.yml:
+  ~0.5 CPU-s, so once per file for the whole module)."""
+  return {f[:-4]: recipes.resolve([os.path.join(RECIPES, f)]) for f in sorted(os.listdir(RECIPES))
+          if f.endswith(".yml")}
+
+
+def test_every_yml_is_a_recipe_or_a_used_base(resolved):
+  ymls = sorted(resolved)
   bases = [y for y in ymls if y.endswith("_base")]
   assert sorted(set(ymls) - set(bases)) == sorted(RUNNABLE)
   maxtext_base = os.path.join(recipes.maxtext_configs_dir(), "base.yml")
-  used = {recipes.resolve([os.path.join(RECIPES, f + ".yml")]).chain[-1] for f in ymls}
+  used = {resolved[f].chain[-1] for f in ymls}
   chained = set()
   for y in ymls:
     with open(os.path.join(RECIPES, y + ".yml"), encoding="utf-8") as f:
@@ -84,7 +92,7 @@ def test_every_yml_is_a_recipe_or_a_used_base():
   assert all(b + ".yml" in chained for b in bases), (bases, chained)
   assert used == {maxtext_base}  # every chain ends at MaxText's base.yml
   for y in ymls:  # no model_name: a model YAML would silently override the recipe's keys
-    assert recipes.load_recipe(os.path.join(RECIPES, y + ".yml"))["model_name"] == "default"
+    assert dict(resolved[y].values)["model_name"] == "default"  # = recipes.load_recipe(path), one resolve
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
@@ -278,56 +286,17 @@ _COERCED = {"logical_axis_rules", "data_sharding", "dtype", "weight_dtype", "gra
 
 
 @pytest.mark.parametrize("name", RUNNABLE)
-def test_reader_gives_every_recipe_key_as_maxtext_builds_it(configs, name):
+def test_reader_gives_every_recipe_key_as_maxtext_builds_it(configs, resolved, name):
   """The one reader (train's start-up checks, doctor) equals pyconfig.initialize on every key the recipe
   chain sets, for every packaged recipe."""
-  r = recipes.resolve([os.path.join(RECIPES, name + ".yml")])
+  r = resolved[name]  # recipes.resolve([recipes/<name>.yml])
   mine = {k: r.values[k] for k, src in r.sources.items() if src in r.chain[:-1] and k not in _COERCED
           and k != "base_config"}
   assert mine and {k: configs[name][k] for k in mine} == {k: _value(v) for k, v in mine.items()}
 
 
-def _metrics(path):
-  import json  # pylint: disable=import-outside-toplevel
-
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-@pytest.mark.slow
-def test_demo_pair_trains_on_the_embedded_corpus(tmp_path):
-  """The README flow: prepare-data (defaults, small cap) then the demo recipes, run from the data's parent dir."""
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-  r = subprocess.run([sys.executable, "-m", "maxtext_nvfp4", "prepare-data", "--quiet", "--max-mb", "0.5"],
-                     cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-  assert r.returncode == 0, r.stderr
-  (tmp_path / "runs").mkdir()
-  losses, evals = {}, {}
-  for name in ("demo_bf16", "demo_nvfp4"):
-    # The recipe as shipped, shrunk in time only (1 layer, seq 64: the NVFP4 emulation compiles faster).
-    cmd = [sys.executable, "-m", "maxtext_nvfp4.train", os.path.join(RECIPES, name + ".yml"), "steps=5",
-           "eval_interval=4", "eval_steps=1", "per_device_batch_size=2", "max_target_length=64",
-           "base_num_decoder_layers=1"]
-    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    # Train losses from the log: MaxText 0.2.5 truncates metrics_file at every eval (see docs/recipes.md).
-    losses[name] = {int(m.group(1)): float(m.group(2)) for m in
-                    re.finditer(r"completed step: (\d+),.*? loss: ([0-9.]+)", r.stdout + r.stderr)}
-    rows = _metrics(str(tmp_path / "runs" / f"{name}.jsonl"))
-    evals[name] = [x["eval/avg_loss"] for x in rows if "eval/avg_loss" in x]
-    assert "Loading HF tokenizer: data/embedded/tokenizer" in r.stdout + r.stderr
-  for name in losses:
-    assert evals[name], f"{name}: no eval loss reported"
-    steps = sorted(losses[name])
-    assert steps == list(range(5)) and losses[name][4] < losses[name][0], losses[name]
-    assert all(0 < e < losses[name][0] + 1 for e in evals[name]), evals[name]
-  # NVFP4 really quantized something: the trajectories differ, but stay close.
-  common = sorted(set(losses["demo_bf16"]) & set(losses["demo_nvfp4"]))
-  assert common and any(losses["demo_bf16"][s] != losses["demo_nvfp4"][s] for s in common)
-  assert all(abs(losses["demo_bf16"][s] - losses["demo_nvfp4"][s]) < 0.5 for s in common)
+# The demo pair's README flow (prepare-data, then both demo recipes trained on the embedded corpus with an eval)
+# runs once, in tests/tools/test_reproduce.py::test_demo_pair_end_to_end (through `reproduce demo`).
 
 
 def test_detect_hardware_does_not_start_jax():

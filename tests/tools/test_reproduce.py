@@ -1,10 +1,12 @@
 """``maxtext-nvfp4 reproduce``: command construction (dry run), labels, orchestration with a fake trainer,
-and the demo pair end to end through ``python -m maxtext_nvfp4.train`` once it exists."""
+and the demo pair end to end through ``python -m maxtext_nvfp4.train`` on the embedded corpus (prepare-data
+first: the README flow; this is the suite's one run of the shipped demo recipes)."""
 
 import importlib.util
 import json
 import math
 import os
+import re
 import shlex
 import stat
 import sys
@@ -148,29 +150,42 @@ def _demo_ready() -> str | None:
 @pytest.mark.slow
 @pytest.mark.skipif(_demo_ready() is not None, reason=str(_demo_ready()))
 def test_demo_pair_end_to_end(tmp_path, capsys, monkeypatch):
-  monkeypatch.chdir(REPO)  # the demo recipes find their data relative to the checkout
+  """The README flow, once for both files' checks (it used to run twice, here on synthetic data and in
+  test_recipes.py on the corpus): prepare-data (defaults, small cap), then ``reproduce demo`` from the data's
+  parent dir trains the shipped demo recipes (``python -m maxtext_nvfp4.train`` subprocesses) on the embedded
+  corpus, with an eval, and compares them."""
+  monkeypatch.chdir(tmp_path)  # the demo recipes find data/embedded/ relative to the working directory
+  assert cli(["prepare-data", "--quiet", "--max-mb", "0.5"]) == 0
+  capsys.readouterr()
   out = tmp_path / "demo"
-  # shrunk further (1 layer, seq 64, batch 2) and on synthetic data so it runs in CI without prepare-data
-  rc = cli(["reproduce", "demo", "--out", str(out), "--steps", "4", "--layers", "1", "--seq", "64", "--batch", "2",
-            "--warmup", "1", "--tolerance", "100", "dataset_type=synthetic", "enable_checkpointing=false"])
+  # The recipes as shipped, shrunk in time only (1 layer, seq 64, batch 2: the NVFP4 emulation compiles faster).
+  rc = cli(["reproduce", "demo", "--recipes-dir", str(REPO / "recipes"), "--out", str(out), "--steps", "5",
+            "--layers", "1", "--seq", "64", "--batch", "2", "--warmup", "1", "--tolerance", "100", "--verbose",
+            "eval_interval=4", "eval_steps=1"])
   text = capsys.readouterr().out
-  assert rc == 0, text
+  assert rc == 0, text[-4000:]
   losses = {}
   for label in ("bf16", "nvfp4"):
-    # the demo recipes evaluate after step 0, so MaxText truncates metrics.jsonl and reproduce rebuilds the
-    # lost step(s) from the log into metrics_merged.jsonl
+    # MaxText truncates metrics.jsonl at each eval; reproduce rebuilds the lost step(s) from the log into
+    # metrics_merged.jsonl
     d = out / label
     path = d / "metrics_merged.jsonl" if (d / "metrics_merged.jsonl").exists() else d / "metrics.jsonl"
     recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
     train = [r for r in recs if "learning/loss" in r]
-    assert [int(r["step"]) for r in train] == list(range(4))
-    assert f"[{label}] step 4/4 loss" in text
+    assert [int(r["step"]) for r in train] == list(range(5))
     losses[label] = [r["learning/loss"] for r in train]
+    assert losses[label][4] < losses[label][0], losses[label]  # it learns
+    evals = [r["eval/avg_loss"] for r in recs if "eval/avg_loss" in r]
+    assert evals and all(0 < e < losses[label][0] + 1 for e in evals), evals
+    # --verbose echoes the run's own lines: it trained 5 steps and read the tokenizer prepare-data wrote
+    assert re.search(rf"^\[{label}\] .*completed step: 4,", text, re.M)
+    assert re.search(rf"^\[{label}\] .*Loading HF tokenizer: data/embedded/tokenizer", text, re.M), text[-4000:]
   b, n = losses["bf16"], losses["nvfp4"]
   assert b[0] == pytest.approx(n[0], rel=0.05)  # same init and data: step-0 losses agree closely ...
-  assert b[1:] != n[1:]  # ... but NVFP4 really changes the trajectory
+  assert b[1:] != n[1:]  # ... but NVFP4 really changes the trajectory ...
+  assert all(abs(x - y) < 0.5 for x, y in zip(b, n)), (b, n)  # ... and stays close
   md = (out / "compare" / "report.md").read_text()
-  assert "**Verdict: PASS**" in md and "| nvfp4 | 4 |" in md
+  assert "**Verdict: PASS**" in md and "| nvfp4 | 5 |" in md
   for png in ("loss.png", "throughput.png"):
     assert (out / "compare" / png).stat().st_size > 10_000
 
