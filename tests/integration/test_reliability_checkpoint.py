@@ -34,7 +34,7 @@ import numpy as np
 import pytest
 
 import maxtext_nvfp4
-from maxtext_helpers import losses, read_metrics, tiny_argv
+from maxtext_helpers import TINY_MODEL, losses, read_metrics, tiny_argv
 
 maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
 
@@ -210,3 +210,35 @@ def test_sigkill_mid_run_then_restart_matches_uninterrupted_run(runs):
     assert resumed[s] == runs["nvfp4"][s], (s, resumed, runs["nvfp4"])
   assert all(m["run_name"] == name for m in read_metrics(metrics))
   assert complete_steps(out, name)[-1] == STEPS - 1
+
+
+def test_the_checkpoint_a_training_run_wrote_exports(runs, tmp_path):
+  """The user's path end to end: the Orbax checkpoint a real NVFP4 training run wrote (not an init-made one, as
+  in tests/tools/test_export*.py) -> ``maxtext-nvfp4 export`` -> every decoder linear as an NVFP4 tensor of its
+  layer's shape (packed uint8 [out, in/2], E4M3 block scales [out, in/16], a finite positive global scale)."""
+  import json  # pylint: disable=import-outside-toplevel
+
+  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  out, hf = runs["out"], tmp_path / "hf"
+  rc = export.cli_main([ckpt_dir(out, "nvfp4"), "--out", str(hf), "--calibration-batches", "1",
+                        "--calibrate-on-synthetic", "--no-tokenizer", *run_argv(out, "nvfp4", "nvfp4")[2:]])
+  assert rc == 0
+  assert json.loads((hf / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "NVFP4"
+  head_dim = TINY_MODEL["head_dim"]  # SMALL keeps the tiny model's
+  emb, mlp, q = SMALL["base_emb_dim"], SMALL["base_mlp_dim"], SMALL["base_num_query_heads"] * head_dim
+  kv = SMALL["base_num_kv_heads"] * head_dim
+  want = {"self_attn.q_proj": (q, emb), "self_attn.k_proj": (kv, emb), "self_attn.v_proj": (kv, emb),
+          "self_attn.o_proj": (emb, q), "mlp.gate_proj": (mlp, emb), "mlp.up_proj": (mlp, emb),
+          "mlp.down_proj": (emb, mlp)}
+  with safe_open(str(hf / "model.safetensors"), framework="numpy") as f:
+    names = set(f.keys())
+    for lin, (o, i) in want.items():
+      p = f"model.layers.0.{lin}"
+      assert {p + ".weight", p + ".weight_scale", p + ".weight_scale_2"} <= names, sorted(names)
+      assert f.get_slice(p + ".weight").get_dtype() == "U8" and f.get_slice(p + ".weight").get_shape() == [o, i // 2]
+      assert f.get_slice(p + ".weight_scale").get_shape() == [o, i // 16]
+      s2 = float(f.get_tensor(p + ".weight_scale_2"))
+      assert np.isfinite(s2) and s2 > 0, (p, s2)
