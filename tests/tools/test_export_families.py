@@ -49,8 +49,7 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
     assert "lm_head.weight" not in w
     w["lm_head.weight"] = w["model.embed_tokens.weight"].astype(ml_dtypes.bfloat16).astype(np.float32)
   tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
-  forward = jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])  # one compile for both uses
-  ours = np.asarray(forward(w, tokens))
+  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(w, tokens))
   config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
   theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
   scale = np.abs(theirs).max()
@@ -61,7 +60,7 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
   bad = dict(w)
   q = bad["model.layers.0.self_attn.q_proj.weight"]
   bad["model.layers.0.self_attn.q_proj.weight"] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
-  moved = np.asarray(forward(bad, tokens))
+  moved = np.asarray(hf_forward.decoder_forward(bad, model.shape, tokens)[0])
   assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale
 
 
