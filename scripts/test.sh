@@ -6,7 +6,7 @@
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
 # The peer and matrix environments build in the background while the core suite runs (their installs are
-# mostly download and unpack). `STAGES="core peers"` picks stages; pytest arguments run only the core
+# mostly download and unpack); after it, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
 # suite with them (`bash scripts/test.sh tests/core -k golden`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,15 +18,14 @@ workers=$(nproc 2>/dev/null || echo 2); [ "$workers" -gt 4 ] && workers=4
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers "$@"
 fi
-# matrix is opt-in until it has passed whole in one CI run (STAGES="core gpu resume peers matrix").
-STAGES=${STAGES:-core gpu resume peers}
+STAGES=${STAGES:-core gpu resume peers matrix}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
-declare -A setup_pid rc
+declare -A rc
 for s in peers matrix; do
+  # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
   if has "$s"; then
-    nice -n 5 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1 &
-    setup_pid[$s]=$!
+    ( nice -n 5 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
   fi
 done
 stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
@@ -35,39 +34,44 @@ stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
   "$@"; rc[$name]=$?
   echo "=== [$name] exit ${rc[$name]} after $((SECONDS - t0)) s"
 }
-side_by_side() {  # side_by_side "NAME CMD..." ...: one process each, together; output printed stage by stage
-  local spec name pids=() names=()
-  for spec in "$@"; do
-    name=${spec%% *}
+env_ready() {  # env_ready NAME: waits for NAME's background environment build; 0 when it succeeded
+  local r
+  while [ ! -s "$logs/setup_$1.rc" ]; do sleep 2; done
+  r=$(cat "$logs/setup_$1.rc")
+  if [ "$r" -ne 0 ]; then echo "=== [$1] environment build failed:"; tail -n 20 "$logs/setup_$1.log"; rc[$1]=1; return 1; fi
+  tail -n 2 "$logs/setup_$1.log"
+}
+run_stage() {  # run_stage NAME: one stage after the core suite, on one core (its lane's share of the machine)
+  case $1 in
+    gpu) stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv/bin/python -m pytest -q -n 0 \
+           tests/core/test_gpu_compile_bytes.py --junitxml="$logs/gpu.xml" ;;
+    resume) stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 .venv/bin/python -m pytest -q -n 0 \
+              tests/tools/test_study_resume.py --junitxml="$logs/resume.xml" ;;
+    peers) env_ready peers && stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n 1 \
+             tests/peers --junitxml="$logs/peers.xml" ;;
+    matrix) env_ready matrix && stage matrix env MATRIX_WORKERS=1 bash scripts/test_matrix.sh --junitxml="$logs/matrix.xml" ;;
+  esac
+}
+lane() {  # lane NAME...: the named stages one after another (those STAGES picks), output kept per stage
+  local name
+  for name in "$@"; do
     has "$name" || continue
-    ( eval "stage $spec" > "$logs/$name.out" 2>&1; echo "${rc[$name]}" > "$logs/$name.rc" ) &
-    pids+=($!); names+=("$name")
-  done
-  for i in "${!pids[@]}"; do
-    wait "${pids[$i]}"; cat "$logs/${names[$i]}.out"; rc[${names[$i]}]=$(cat "$logs/${names[$i]}.rc" 2>/dev/null || echo 1)
+    ( run_stage "$name"; echo "${rc[$name]:-1}" > "$logs/$name.rc" ) > "$logs/$name.out" 2>&1
   done
 }
 if has core; then
   stage core .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
     --junitxml="$logs/core.xml"
 fi
-# Each of these is one process for most of its time (a compile, or MaxText runs one after another): on two cores
-# they run together.
-side_by_side \
-  "gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv/bin/python -m pytest -q -n 0 tests/core/test_gpu_compile_bytes.py --junitxml=$logs/gpu.xml" \
-  "resume env MAXTEXT_NVFP4_STUDY_RESUME=1 .venv/bin/python -m pytest -q -n 0 tests/tools/test_study_resume.py --junitxml=$logs/resume.xml"
-for s in peers matrix; do
+# After the core suite, two lanes side by side, one core each, about equally long on two cores: each stage is one
+# process for most of its time (a compile, MaxText runs one after another, one pytest worker).
+lane resume peers & lane_a=$!
+lane gpu matrix & lane_b=$!
+wait "$lane_a" "$lane_b"
+for s in gpu resume peers matrix; do
   has "$s" || continue
-  if ! wait "${setup_pid[$s]}"; then
-    echo "=== [$s] environment build failed:"; tail -n 20 "$logs/setup_$s.log"; rc[$s]=1; continue
-  fi
-  tail -n 2 "$logs/setup_$s.log"
-  if [ "$s" = peers ]; then
-    stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n "$workers" --dist loadfile tests/peers \
-      --junitxml="$logs/peers.xml"
-  else
-    stage matrix bash scripts/test_matrix.sh --junitxml="$logs/matrix.xml"
-  fi
+  cat "$logs/$s.out" 2>/dev/null
+  rc[$s]=$(cat "$logs/$s.rc" 2>/dev/null || echo 1)
 done
 results=(); for s in core gpu resume peers matrix; do has "$s" && results+=("$logs/$s.xml"); done
 echo "=== summary"

@@ -17,6 +17,8 @@ FAST_SUBSET=(
   tests/backends/test_te_backend.py
 )
 workers=$(nproc 2>/dev/null || echo 2); [ "$workers" -gt 4 ] && workers=4
+# MATRIX_WORKERS: scripts/test.sh runs this on one core, beside another stage.
+workers=${MATRIX_WORKERS:-$workers}
 # Deselected: the patched-mode training equivalence (two more MaxText runs; the apply/--check/--revert tests above
 # cover the 0.2.4 series, and the core suite runs the equivalence on 0.2.5).
 exec "$VENV/bin/python" -m pytest -q -n "$workers" --dist loadfile -p no:cacheprovider "${FAST_SUBSET[@]}" \
