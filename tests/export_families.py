@@ -13,7 +13,7 @@ import numpy as np
 from maxtext_helpers import tiny_argv
 
 # family -> (MaxText model_name, overrides): 2 layers, d=64, GQA 4/2 heads of 32 (sqrt(32) is not a power of
-# two, so a missing query scale shows), MoE 4 experts top-2
+# two, so a missing query scale shows), MoE 4 experts top-2; gemma3: 6 layers, its first global one is the 6th
 _DENSE = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 32, "base_mlp_dim": 128,
           "base_num_decoder_layers": 2, "vocab_size": 256, "max_target_length": 32, "per_device_batch_size": 1,
           "override_model_config": True}
@@ -25,6 +25,10 @@ FAMILIES = {
     "qwen3": ("qwen3-0.6b", {}),
     "qwen3_moe": ("qwen3-30b-a3b", _MOE),
     "mixtral": ("mixtral-8x7b", {**_MOE, "head_dim": 16}),  # MaxText's mixtral hook needs heads x head_dim = emb
+    # Gemma: a window of 8 (< the 16-32 test tokens) and caps that bite (scores, logits are O(1)-O(3) here)
+    "gemma2": ("gemma2-2b", {"base_num_decoder_layers": 1, "sliding_window_size": 8,  # 1 MaxText layer = 2 HF
+                             "attn_logits_soft_cap": 1.0, "final_logits_soft_cap": 2.0}),
+    "gemma3": ("gemma3-4b", {"base_num_decoder_layers": 6, "sliding_window_size": 8}),  # 5 sliding + 1 global
 }
 
 

@@ -12,6 +12,7 @@ the embedding table cast to bf16 (``embeddings.attend_on_embedding``), so ours i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -58,10 +59,25 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
   # a real check: a layout error of the kind a conversion makes (a transposed-then-reshaped projection)
   # moves the logits far beyond the tolerance
   bad = dict(w)
-  q = bad["model.layers.0.self_attn.q_proj.weight"]
-  bad["model.layers.0.self_attn.q_proj.weight"] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
+  name = next(n for n in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_b_proj.weight")
+              if n in w)  # MLA: the query's up-projection
+  q = bad[name]
+  bad[name] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
   moved = np.asarray(hf_forward.decoder_forward(bad, model.shape, tokens)[0])
   assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale
+  # and each of the family's own operations shows: the forward without it is as far off
+  for op, value in _OPERATIONS.get(family, {}).items():
+    shape = dataclasses.replace(model.shape, **{op: value})
+    moved = np.asarray(hf_forward.decoder_forward(w, shape, tokens)[0])
+    assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale, op
+
+
+# family -> the DecoderShape fields of its own operations, and a value that turns each off
+_OPERATIONS = {
+    "gemma2": {"sliding_layers": (), "attn_softcap": None, "final_softcap": None, "norm_plus_one": False},
+    "gemma3": {"sliding_layers": (), "rope_linear_factor": 1.0, "local_rope_theta": None, "qk_norm": False,
+               "scale_embeddings": False},  # (its query_pre_attn_scalar is head_dim's here: not a distinct op)
+}
 
 
 def _header(path):
@@ -181,13 +197,15 @@ def test_eval_quantized_serves_an_moe_checkpoint(checkpoints, tmp_path):
   assert all(np.isfinite(v) for v in losses.values()) and losses["bf16"] != losses["nvfp4-w4a4"]
 
 
-def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, capsys):
+@pytest.mark.parametrize("model,block,why", [("gemma-2b", "gemma", None)])
+def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, block, why):
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
 
-  config = checkpoint.load_config(export_families.overrides("llama2", str(tmp_path), model_name="gemma2-2b"))
+  config = checkpoint.load_config(export_families.overrides("llama2", str(tmp_path), model_name=model))
   with pytest.raises(export_arch.UnsupportedModel) as e:
     export_arch.check_supported(config)
   msg = str(e.value)
-  assert "\n" not in msg and "decoder_block=gemma2" in msg
+  assert "\n" not in msg and f"decoder_block={block} " in msg
   assert all(f in msg for f in export_families.FAMILIES)
+  assert why is None or why in msg  # gpt_oss: the reason its HF format cannot hold per-expert NVFP4
