@@ -16,6 +16,10 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
   gemma2         Gemma2ForCausalLM      one MaxText layer = HF layers 2i (sliding window) and 2i+1 (global)
   gemma3         Gemma3ForCausalLM      text-only (model_type gemma3_text); MaxText's layer types (5 sliding, 1
                                         global), its query_pre_attn_scalar, local RoPE base, linear RoPE factor
+  deepseek       DeepseekV3ForCausalLM  MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b, their layernorms), YaRN RoPE on
+                                        interleaved pairs; first_k_dense_replace dense layers; experts
+                                        mlp.experts.<e>, mlp.shared_experts, router mlp.gate (+ its
+                                        e_score_correction_bias: sigmoid routing, groups, routed_scaling_factor)
 
 Gemma (both): MaxText stores RMSNorm scales s where HF stores w = s - 1 (HF applies 1 + w) and the
 embedding table E pre-multiplied by sqrt(d) (HF multiplies at lookup): MaxText's conversion hooks do
@@ -24,11 +28,11 @@ E_hf = E / sqrt(d) -- exact when sqrt(d) is a power of two; otherwise the hook's
 sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inputs or the logits off by
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
-Every other block (gemma, deepseek, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the
-supported ones.
+Every other block (gemma, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
+ones.
 
 Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddings, norms, routers,
-``lm_head``, and every linear that did not train in NVFP4.
+``lm_head``, and every linear that did not train in NVFP4 (DeepSeek's e_score_correction_bias: fp32).
 """
 
 from __future__ import annotations
@@ -196,6 +200,8 @@ FAMILIES: dict[str, ExportFamily] = {
                            extra_config=_gemma2),
     "gemma3": ExportFamily(architecture="Gemma3ForCausalLM", model_type="gemma3_text", qk_norm=True,
                            qk_norm_fixed=True, gemma=True, extra_config=_gemma3),
+    "deepseek": ExportFamily(architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", moe_block="mlp",
+                             deepseek=True, extra_config=_deepseek),
 }
 
 # blocks refused with a reason of their own (a fact of the HF format, not a missing row)
@@ -291,7 +297,9 @@ def check_supported(config) -> ExportFamily:
     problems.append(f"mlp_activations={_get(config, 'mlp_activations')} (needs [{act}, linear])")
   # gemma3: MaxText's linear factor applies to its global layers only (attentions.py), as HF's full_attention
   linear_ok = decoder_block(config) == "gemma3"
-  if (str(_get(config, "rope_type")) != "default" or str(_get(config, "model_name")).startswith("llama3.1")
+  if fam.deepseek:
+    pass  # YaRN: _deepseek_problems
+  elif (str(_get(config, "rope_type")) != "default" or str(_get(config, "model_name")).startswith("llama3.1")
       or (float(_get(config, "rope_linear_scaling_factor") or 1.0) != 1.0 and not linear_ok)):
     problems.append(f"rope_type={_get(config, 'rope_type')}, model_name={_get(config, 'model_name')},"
                     f" rope_linear_scaling_factor={_get(config, 'rope_linear_scaling_factor')} (only default RoPE"

@@ -78,7 +78,7 @@ def hf_shape(name: str, dims: dict) -> tuple[int, ...] | None:
   """The HF shape of tensor ``name`` implied by the checkpoint's dimensions (None: not a known leaf)."""
   parts = name.split(".")
   leaf, kind = parts[-2], parts[-1]
-  e, hd = dims["emb_dim"], dims.get("head_dim")
+  e, hd = dims["emb_dim"], dims.get("head_dim") or 0  # MLA (DeepSeek): no single head_dim
   nh, nkv = dims.get("num_query_heads"), dims.get("num_kv_heads")
   inter = (dims.get("moe_mlp_dim") if ".experts." in name else dims.get("shared_mlp_dim") if ".shared_experts." in name
            else dims.get("mlp_dim"))
@@ -122,7 +122,11 @@ class Converter:
       names = {k: _renamed(v, old, new) for k, v in names.items()}
     self.items_dir, self.dims = items_dir, dims
     self.reader = checkpoint.ParamReader(items_dir)
-    present = set(self.reader.shapes)
+    real = {}  # the mapping's name of each checkpoint parameter -> its checkpoint key
+    for key in self.reader.shapes:
+      alias = next((to + key[len(frm):] for frm, to in conv.aliases if key.startswith(frm)), key)
+      real[alias] = key
+    present = set(real)
     unmapped = sorted(present - set(names))
     if unmapped:
       raise checkpoint.CheckpointError(f"checkpoint {items_dir}: {unmapped[0]} ({len(unmapped)} parameters) has no"
@@ -136,9 +140,9 @@ class Converter:
       if unknown:
         raise checkpoint.CheckpointError(f"MaxText's {block} conversion hooks changed ({unknown}): the export supports"
                                          f" MaxText {facts.version}'s")
-      self.hooks[key] = [fn for fn in chain if fn.__name__ not in conv.dropped]
+      self.hooks[real[key]] = [fn for fn in chain if fn.__name__ not in conv.dropped]
     self.items = [it for key, value in names.items() if key in present
-                  for it in _flatten(key, value, scan, int(config.param_scan_axis), facts.scanned_expert_axes)]
+                  for it in _flatten(real[key], value, scan, int(config.param_scan_axis), facts.scanned_expert_axes)]
 
   def names(self, layer: int | None) -> list[str]:
     return [it.hf_name for it in self.items if it.layer == layer]

@@ -56,6 +56,7 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
   scale = np.abs(theirs).max()
   assert scale > 1.0
   np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"{family}: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
   # a real check: a layout error of the kind a conversion makes (a transposed-then-reshaped projection)
   # moves the logits far beyond the tolerance
   bad = dict(w)
@@ -66,17 +67,39 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
   moved = np.asarray(hf_forward.decoder_forward(bad, model.shape, tokens)[0])
   assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale
   # and each of the family's own operations shows: the forward without it is as far off
-  for op, value in _OPERATIONS.get(family, {}).items():
-    shape = dataclasses.replace(model.shape, **{op: value})
-    moved = np.asarray(hf_forward.decoder_forward(w, shape, tokens)[0])
+  for op, off in _OPERATIONS.get(family, {}).items():
+    moved = np.asarray(hf_forward.decoder_forward(w, off(model.shape), tokens)[0])
     assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale, op
 
 
-# family -> the DecoderShape fields of its own operations, and a value that turns each off
+def _off(**fields):
+  """The shape with top-level ``fields`` replaced (``moe__x`` / ``mla__x`` / ``yarn__x``: nested fields)."""
+  def apply(shape):
+    top = {k: v for k, v in fields.items() if "__" not in k}
+    moe = {k[5:]: v for k, v in fields.items() if k.startswith("moe__")}
+    mla = {k[5:]: v for k, v in fields.items() if k.startswith("mla__")}
+    yarn = {k[6:]: v for k, v in fields.items() if k.startswith("yarn__")}
+    if moe:
+      top["moe"] = dataclasses.replace(shape.moe, **moe)
+    if mla or yarn:
+      top["mla"] = dataclasses.replace(shape.mla, **mla, **({"yarn": dataclasses.replace(shape.mla.yarn, **yarn)}
+                                                            if yarn else {}))
+    return dataclasses.replace(shape, **top)
+  return apply
+
+
+# family -> its own operations, each as the forward's shape with that operation turned off
 _OPERATIONS = {
-    "gemma2": {"sliding_layers": (), "attn_softcap": None, "final_softcap": None, "norm_plus_one": False},
-    "gemma3": {"sliding_layers": (), "rope_linear_factor": 1.0, "local_rope_theta": None, "qk_norm": False,
-               "scale_embeddings": False},  # (its query_pre_attn_scalar is head_dim's here: not a distinct op)
+    "gemma2": {"window": _off(sliding_layers=()), "attention soft-cap": _off(attn_softcap=None),
+               "final soft-cap": _off(final_softcap=None), "(1 + w) norms": _off(norm_plus_one=False)},
+    # (gemma3's query_pre_attn_scalar is head_dim's at this size: not a distinct operation here)
+    "gemma3": {"window": _off(sliding_layers=()), "global layers' linear RoPE": _off(rope_linear_factor=1.0),
+               "local RoPE base": _off(local_rope_theta=None), "q/k norms": _off(qk_norm=False),
+               "embedding scale": _off(scale_embeddings=False)},
+    "deepseek": {"routed_scaling_factor": _off(moe__routed_scaling_factor=1.0),
+                 "expert groups": _off(moe__n_group=1, moe__topk_group=1),
+                 "shared experts": _off(moe__shared_experts=False),
+                 "YaRN frequencies": _off(yarn__factor=1.0), "mscale": _off(yarn__mscale=0.0)},
 }
 
 

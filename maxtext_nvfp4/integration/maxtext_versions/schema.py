@@ -40,6 +40,9 @@ class HfConversion:
   # which the text-only architecture names ``hf_prefix[1]``
   multimodal_config: bool = False
   hf_prefix: tuple[str, str] = ("", "")
+  # (checkpoint key prefix, the prefix the mapping names it under): a variable whose Flax collection moved
+  # after the mapping was written (MaxText's own restore aliases it the same way)
+  aliases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

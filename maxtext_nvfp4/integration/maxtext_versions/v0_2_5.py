@@ -100,6 +100,11 @@ TOUCHES: tuple[Touch, ...] = (
           use="MaxText -> HF names of gemma3 blocks (its text model's) for the export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
           use="MaxText -> HF layouts of gemma3 blocks: norms - 1, embedding / sqrt(d) (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of deepseek blocks (dense_layers_<i>, moe_layers_<j>) for the export"
+              " (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of deepseek blocks (hf_conversion)"),
     Touch(module="maxtext.models.gemma3", symbol="get_attention_type",
           use="which gemma3 layers slide (HF layer_types of the export; export_arch)"),
     Touch(module="maxtext.models.gemma3", symbol="get_query_pre_attn_scalar",
@@ -175,6 +180,13 @@ ADAPTER = MaxTextVersion(
             names_fn="GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"pad_and_scale_embedding", "scale_rmsnorm", "reshape_kernel"}),
             multimodal_config=True, hf_prefix=("model.language_model.", "model.")),
+        # deepseek: transposes/reshapes only (MLA's softmax scale and the YaRN RoPE live in the forward). The
+        # deepseek3* routing bias is a MoEBiasVar (layers/moe.py GateLogit), so a checkpoint holds it as
+        # MoEBiasVar-...-gate-bias where the mapping names params-...-gate-bias (common/checkpointing.py
+        # _alias_legacy_collections is MaxText's own alias of the two)
+        "deepseek": HfConversion(
+            names_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"reshape_kernel"}), aliases=(("MoEBiasVar-", "params-"),)),
     },
     scanned_expert_axes=(0, 1),  # checkpoint_conversion/utils/tensor_handling.py stacked_axes: leading
     configs_dir="configs",
