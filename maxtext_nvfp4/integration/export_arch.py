@@ -29,7 +29,10 @@ sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inpu
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
 Every other block (gemma, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
-ones.
+ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
+3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
+biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
+gpt_oss loader takes per-expert NVFP4 linears.
 
 Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddings, norms, routers,
 ``lm_head``, and every linear that did not train in NVFP4 (DeepSeek's e_score_correction_bias: fp32).
@@ -206,6 +209,10 @@ FAMILIES: dict[str, ExportFamily] = {
 
 # blocks refused with a reason of their own (a fact of the HF format, not a missing row)
 REFUSED = {
+    "gpt_oss": "GptOssForCausalLM holds each layer's experts as fused 3-D tensors (mlp.experts.gate_up_proj"
+               " [E, H, 2I], gate/up interleaved, + biases; MaxText's mapping builds exactly those), and neither"
+               " transformers' GptOssExperts nor vLLM's gpt_oss loader takes per-expert NVFP4 linears: no NVFP4"
+               " layout to write",
 }
 
 

@@ -220,7 +220,8 @@ def test_eval_quantized_serves_an_moe_checkpoint(checkpoints, tmp_path):
   assert all(np.isfinite(v) for v in losses.values()) and losses["bf16"] != losses["nvfp4-w4a4"]
 
 
-@pytest.mark.parametrize("model,block,why", [("gemma-2b", "gemma", None)])
+@pytest.mark.parametrize("model,block,why", [("gemma-2b", "gemma", None),
+                                             ("gpt-oss-20b", "gpt_oss", "mlp.experts.gate_up_proj")])
 def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, block, why):
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
