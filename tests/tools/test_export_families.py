@@ -236,3 +236,19 @@ def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, 
   assert "\n" not in msg and f"decoder_block={block} " in msg
   assert all(f in msg for f in export_families.FAMILIES)
   assert why is None or why in msg  # gpt_oss: the reason its HF format cannot hold per-expert NVFP4
+
+
+def test_a_gemma2_nvfp4_run_keeps_both_hf_layers_of_a_kept_maxtext_layer(tmp_path):
+  """The plan counts MaxText's layers; gemma2's layer i is HF layers 2i (sliding) and 2i+1 (global)."""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("gemma2", str(tmp_path), base_num_decoder_layers=2,
+                                                            quantization="nvfp4", nvfp4_keep_last_layers=1))
+  dims = {"num_decoder_layers": 2, "num_query_heads": 4, "num_kv_heads": 2, "head_dim": 32}
+  shape = export_arch.forward_shape(config, dims)
+  assert shape.num_layers == 4 and shape.sliding_layers == (0, 2)
+  trained = hf_conversion.trained_nvfp4(config, shape)
+  assert len(trained) == 4 * 7
+  assert all(trained[n] == (int(n.split(".")[2]) < 2) for n in trained), trained
