@@ -13,7 +13,7 @@ import numpy as np
 from maxtext_helpers import tiny_argv
 
 # family -> (MaxText model_name, overrides): 2 layers, d=64, GQA 4/2 heads of 32 (sqrt(32) is not a power of
-# two, so a missing query scale shows), MoE 4 experts top-2
+# two, so a missing query scale shows), MoE 4 experts top-2; gemma3: 6 layers, its first global one is the 6th
 _DENSE = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 32, "base_mlp_dim": 128,
           "base_num_decoder_layers": 2, "vocab_size": 256, "max_target_length": 32, "per_device_batch_size": 1,
           "override_model_config": True}
@@ -25,6 +25,16 @@ FAMILIES = {
     "qwen3": ("qwen3-0.6b", {}),
     "qwen3_moe": ("qwen3-30b-a3b", _MOE),
     "mixtral": ("mixtral-8x7b", {**_MOE, "head_dim": 16}),  # MaxText's mixtral hook needs heads x head_dim = emb
+    # Gemma: a window of 8 (< the 16-32 test tokens) and caps that bite (scores, logits are O(1)-O(3) here)
+    "gemma2": ("gemma2-2b", {"base_num_decoder_layers": 1, "sliding_window_size": 8,  # 1 MaxText layer = 2 HF
+                             "attn_logits_soft_cap": 1.0, "final_logits_soft_cap": 2.0}),
+    "gemma3": ("gemma3-4b", {"base_num_decoder_layers": 6, "sliding_window_size": 8}),  # 5 sliding + 1 global
+    # DeepSeek-V3: a dense layer then an MoE layer (4 experts in 2 groups, 1 eligible, top-2, 1 shared), MLA
+    # ranks 32/16, heads 4 x (32 + 16), v 32; YaRN (deepseek3-tiny's: factor 40, mscale 1)
+    "deepseek": ("deepseek3-tiny", {**_MOE, "base_num_kv_heads": 4, "first_num_dense_layers": 1,
+                                    "n_routing_groups": 2, "topk_routing_group": 1, "q_lora_rank": 32,
+                                    "kv_lora_rank": 16, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
+                                    "v_head_dim": 32}),
 }
 
 
@@ -62,8 +72,9 @@ def _draw(path, shape, rng):
 
 
 def init_params(config, seed: int = 0) -> dict:
-  """``{"params": {...}}`` with exactly the names and shapes of MaxText's init of ``config``'s model
-  (``jax.eval_shape`` of it: nothing is computed) and seeded init-like values (:func:`_draw`)."""
+  """``{"params": {...}, <other collection>: {...}}`` with exactly the names and shapes of MaxText's init of
+  ``config``'s model (``jax.eval_shape`` of it: nothing is computed; every collection, as a training
+  state's ``params`` holds them) and seeded init-like values (:func:`_draw`)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from maxtext.utils import maxtext_utils, model_creation_utils  # pylint: disable=import-outside-toplevel
@@ -78,12 +89,13 @@ def init_params(config, seed: int = 0) -> dict:
                                              decoder_segment_ids=jnp.ones_like(tok), enable_dropout=False))
   rng = np.random.default_rng(seed)
   out: dict = {}
-  for path, shape in sorted(_leaf_shapes(dict(tree)["params"]).items()):
-    d = out
-    for part in path[:-1]:
-      d = d.setdefault(part, {})
-    d[path[-1]] = _draw(path, shape, rng).astype(np.float32)
-  return {"params": out}
+  for collection in sorted(dict(tree)):  # "params", and e.g. deepseek3's routing bias in "MoEBiasVar"
+    for path, shape in sorted(_leaf_shapes(dict(tree)[collection]).items()):
+      d = out.setdefault(collection, {})
+      for part in path[:-1]:
+        d = d.setdefault(part, {})
+      d[path[-1]] = _draw(path, shape, rng).astype(np.float32)
+  return out
 
 
 def save_checkpoint(params: dict, ckpt_dir: str, step: int = 0) -> str:

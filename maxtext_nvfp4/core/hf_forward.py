@@ -2,19 +2,34 @@
 
 One forward for every exported family (``integration/export_arch.py``), shaped by :class:`DecoderShape`:
 
-    h        = embed_tokens[tokens]
+    h        = embed_tokens[tokens]  (* sqrt(hidden) in fp32 when scale_embeddings: Gemma)
     per layer i:
-      x      = rms_norm(h) * input_layernorm                                      (weight w: w * x/rms)
+      x      = norm(h, input_layernorm)     norm(x, w) = w * x/rms(x)   (norm_plus_one, Gemma: (1 + w) * x/rms(x))
       q,k,v  = x @ W{q,k,v}^T (+ b{q,k,v} when attention_bias)        heads [B, T, H, D]
-      q,k    = rms_norm_D(q) * q_norm, rms_norm_D(k) * k_norm                     (qk_norm: Qwen3)
-      q,k    = rope(q), rope(k)        HF's rotate_half: halves layout, theta ** (-2j / D)
-      o      = softmax(q k^T / sqrt(D), causal, within segment) v                 (GQA: k, v repeated)
-      h      = h + o @ Wo^T
-      x      = rms_norm(h) * post_attention_layernorm
-      dense: h = h + down(silu(gate(x)) * up(x))
+      q,k    = norm_D(q, q_norm), norm_D(k, k_norm)                               (qk_norm: Qwen3, Gemma 3)
+      q,k    = rope(q), rope(k)        HF's rotate_half: halves layout, theta ** (-2j / D) (/ factor: linear)
+      s      = q k^T * attn_scale      (1/sqrt(D); Gemma: query_pre_attn_scalar ** -0.5)
+      s      = cap * tanh(s / cap)                                                (attn_softcap: Gemma 2)
+      o      = softmax(s, causal, within segment, sliding layers: i - j < window) v   (GQA: k, v repeated)
+      a      = o @ Wo^T                (sandwich_norms, Gemma: a = norm(a, post_attention_layernorm))
+      h      = h + a
+      x      = norm(h, post_attention_layernorm)   (sandwich_norms: norm(h, pre_feedforward_layernorm))
+      dense: m = down(act(gate(x)) * up(x))        act: silu, or gelu_tanh (Gemma's gelu_pytorch_tanh)
       MoE:   r = x @ router^T;  (w, e) = top_k(r);  w = softmax(w)               (Mixtral; = Qwen3-MoE's
-             softmax -> top_k -> renormalize); h = h + sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))
-    logits   = (rms_norm(h) * norm) @ lm_head^T    (lm_head absent: tied to embed_tokens)
+             softmax -> top_k -> renormalize); m = sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))
+             (sigmoid, DeepSeek-V3: s = sigmoid(r); e = top_k(s + e_score_correction_bias) within the
+             topk_group groups of best top-2 sums; w = s_e / (sum s_e + 1e-20) * routed_scaling_factor;
+             m += shared_experts(x); layers < moe.first_dense are dense)
+      h      = h + m                   (sandwich_norms: h + norm(m, post_feedforward_layernorm))
+    logits   = norm(h, norm) @ lm_head^T    (lm_head absent: tied to embed_tokens)
+    logits   = cap * tanh(logits / cap)                                           (final_softcap: Gemma)
+
+MLA (``mla``, DeepSeek-V3) replaces q, k, v: per head d = nope + rope,
+    q        = q_b(norm(q_a(x), q_a_layernorm))  (q_proj(x) without q_lora)   -> [q_nope | q_pe]
+    [c | k_pe] = kv_a_proj_with_mqa(x);  [k_nope | v] = kv_b(norm(c, kv_a_layernorm))   (k_pe: one head)
+    q_pe, k_pe = rope_interleaved(.): pairs (x_2i, x_2i+1) rotated by YaRN's frequencies (HF's
+                 apply_rotary_pos_emb_interleave; output [x_even' | x_odd'])
+    s        = [q_nope | q_pe] [k_nope | k_pe]^T * d ** -0.5 * mscale ** 2,  mscale = 0.1 m ln(factor) + 1
 
 The amax dict is what a ModelOpt ``max`` calibration records: ``max |input|`` of every linear, an expert's
 over the tokens routed to it only (0 when none was). ``act`` is applied to the inputs of the linears
@@ -25,6 +40,7 @@ combined with the routing weights): exact, and fine at calibration/eval sizes.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +58,44 @@ class MoeShape:
   block: str
   # the expert's (gate, up, down) linear names: ("gate_proj", "up_proj", "down_proj") or Mixtral's ("w1", "w3", "w2")
   expert_linears: tuple[str, str, str]
+  # "softmax" (top-k logits, softmaxed) or "sigmoid" (DeepSeek-V3: e_score_correction_bias for the choice,
+  # n_group groups of which topk_group are eligible, weights normalized then times routed_scaling_factor)
+  scoring: str = "softmax"
+  n_group: int = 1
+  topk_group: int = 1
+  routed_scaling_factor: float = 1.0
+  # a dense SwiGLU ``<block>.shared_experts`` added to the routed output (DeepSeek)
+  shared_experts: bool = False
+  # layers before this one have a dense MLP (``mlp.{gate,up,down}_proj``) instead of experts
+  first_dense: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class YarnShape:
+  """HF's ``yarn`` RoPE (``modeling_rope_utils._compute_yarn_parameters``, truncate on, attention_factor 1)."""
+
+  # frequency interpolation factor, the pretraining context, the ramp's rotation bounds
+  factor: float
+  original_max_position_embeddings: int
+  beta_fast: float
+  beta_slow: float
+  # the softmax scale's mscale ** 2 term: 0.1 * mscale * ln(factor) + 1 (HF's mscale_all_dim)
+  mscale: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MlaShape:
+  """Multi-head latent attention (DeepSeek-V3's ``self_attn``)."""
+
+  # low-rank query (0: a plain q_proj) and key-value ranks
+  q_lora_rank: int
+  kv_lora_rank: int
+  # per-head dims: the un-rotated and rotated q/k parts, and v
+  qk_nope_head_dim: int
+  qk_rope_head_dim: int
+  v_head_dim: int
+  # the RoPE of the rotated part (interleaved pairs)
+  yarn: YarnShape
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -63,6 +117,27 @@ class DecoderShape:
   attention_bias: bool = False
   # routed experts in every layer (None: a dense SwiGLU MLP)
   moe: MoeShape | None = None
+  # Gemma: norms apply (1 + w); embeddings are multiplied by sqrt(hidden) (fp32); each block's output is
+  # normed before the residual add (post_attention_layernorm / post_feedforward_layernorm) and the MLP's
+  # input by pre_feedforward_layernorm
+  norm_plus_one: bool = False
+  scale_embeddings: bool = False
+  sandwich_norms: bool = False
+  # the MLP activation: "silu", or "gelu_tanh" (HF's gelu_pytorch_tanh)
+  activation: str = "silu"
+  # softmax scale of q k^T (None: 1 / sqrt(head_dim))
+  attn_scale: float | None = None
+  # tanh soft-capping cap * tanh(x / cap) of the attention scores and of the final logits (None: off)
+  attn_softcap: float | None = None
+  final_softcap: float | None = None
+  # layers with sliding-window attention (query i attends to keys j with i - j < sliding_window) and their
+  # RoPE base (None: rope_theta); the other layers' RoPE positions are divided by rope_linear_factor
+  sliding_layers: tuple[int, ...] = ()
+  sliding_window: int = 0
+  local_rope_theta: float | None = None
+  rope_linear_factor: float = 1.0
+  # multi-head latent attention instead of q/k/v projections (DeepSeek-V3; num_kv_heads = num_heads)
+  mla: MlaShape | None = None
 
 
 def rms_norm(x, w, eps):
@@ -70,14 +145,39 @@ def rms_norm(x, w, eps):
   return w * (x * jax.lax.rsqrt(var + eps))
 
 
-def rope(x, positions, theta):
-  """HF's default RoPE on ``[B, T, H, D]``: ``x * cos + rotate_half(x) * sin``, halves layout."""
+def rope(x, positions, theta, factor=1.0):
+  """HF's default RoPE on ``[B, T, H, D]``: ``x * cos + rotate_half(x) * sin``, halves layout; ``factor``:
+  HF's ``linear`` RoPE (inverse frequencies / factor)."""
   d = x.shape[-1]
   inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  if factor != 1.0:
+    inv_freq = inv_freq / np.float32(factor)
   freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
   x1, x2 = x[..., : d // 2], x[..., d // 2 :]
   return x * jnp.cos(emb) + jnp.concatenate([-x2, x1], axis=-1) * jnp.sin(emb)
+
+
+def yarn_inv_freq(dim: int, theta: float, y: YarnShape):
+  """HF's YaRN inverse frequencies (= MaxText's YarnRotaryEmbedding, truncate on): with
+  f_j = theta ** (-2j / dim) and a ramp r_j clipped to [0, 1] from floor(low) to ceil(high) (the dims where
+  beta_fast / beta_slow rotations fit the original context), inv_j = f_j / factor * r_j + f_j * (1 - r_j)."""
+  def corr(rot):
+    return dim * math.log(y.original_max_position_embeddings / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+  low, high = max(math.floor(corr(y.beta_fast)), 0), min(math.ceil(corr(y.beta_slow)), dim - 1)
+  high = high + 0.001 if low == high else high
+  ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+  f = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  return f / np.float32(y.factor) * ramp + f * (1 - ramp)
+
+
+def rope_interleaved(x, positions, inv_freq):
+  """RoPE of interleaved pairs on ``[B, T, H, D]``: ``[x_even cos - x_odd sin | x_odd cos + x_even sin]``."""
+  ang = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
+  cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+  x1, x2 = x[..., 0::2], x[..., 1::2]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def attention_mask(positions, segment_ids):
@@ -87,21 +187,67 @@ def attention_mask(positions, segment_ids):
   return jnp.tril(jnp.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] != 0)
 
 
+def sliding_mask(mask, window: int):
+  """``mask`` restricted to keys less than ``window`` positions back (query i, key j: i - j < window)."""
+  t = mask.shape[-1]
+  i = jnp.arange(t)
+  return mask & ((i[:, None] - i[None, :]) < window)[None]
+
+
+def softcap(x, cap):
+  return x if cap is None else jnp.tanh(x / np.float32(cap)) * np.float32(cap)
+
+
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def is_moe_layer(shape: DecoderShape, layer: int) -> bool:
+  """Whether ``layer`` has routed experts (MoE models from ``moe.first_dense`` on)."""
+  return shape.moe is not None and layer >= shape.moe.first_dense
+
+
+def attention_names(shape: DecoderShape) -> tuple[str, ...]:
+  """The attention linears' leaf names (under ``self_attn``), in forward order."""
+  if shape.mla is None:
+    return ("q_proj", "k_proj", "v_proj", "o_proj")
+  q = ("q_a_proj", "q_b_proj") if shape.mla.q_lora_rank else ("q_proj",)
+  return q + ("kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+
+
 def layer_names(shape: DecoderShape, layer: int) -> list[str]:
   """Every linear of ``layer`` (HF names, no ``.weight``), the router excluded, in forward order."""
   p = f"model.layers.{layer}."
-  out = [p + f"self_attn.{n}" for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
-  if shape.moe is None:
-    return out + [p + f"mlp.{n}" for n in ("gate_proj", "up_proj", "down_proj")]
+  out = [p + f"self_attn.{n}" for n in attention_names(shape)]
+  dense = ("gate_proj", "up_proj", "down_proj")
+  if not is_moe_layer(shape, layer):
+    return out + [p + f"mlp.{n}" for n in dense]
   m = shape.moe
-  return out + [f"{p}{m.block}.experts.{e}.{n}" for e in range(m.num_experts) for n in m.expert_linears]
+  out += [f"{p}{m.block}.experts.{e}.{n}" for e in range(m.num_experts) for n in m.expert_linears]
+  return out + ([f"{p}{m.block}.shared_experts.{n}" for n in dense] if m.shared_experts else [])
+
+
+def layer_kind(shape: DecoderShape, layer: int) -> int:
+  """The first layer of ``layer``'s kind (same attention window, RoPE, dense or MoE): what
+  ``decoder_layer(like=)`` takes so layers of one kind share a compiled function."""
+  def kind(i):
+    return (i in shape.sliding_layers, is_moe_layer(shape, i))
+  return next(i for i in range(shape.num_layers) if kind(i) == kind(layer))
 
 
 def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, amax: dict, act=None,
-                  served: frozenset = frozenset()):
-  """One decoder layer (module docstring) on ``h [B, T, E]``; records input amaxes into ``amax``."""
+                  served: frozenset = frozenset(), like: int | None = None):
+  """One decoder layer (module docstring) on ``h [B, T, E]``; records input amaxes into ``amax``.
+
+  ``like``: the layer whose kind (sliding window, RoPE, dense or MoE) this one has (default ``layer``): the
+  export's calibration runs every layer's weights renamed to layer 0 through one compiled function per kind."""
   b, t, _ = h.shape
   p = f"model.layers.{layer}."
+  kind = layer if like is None else like
+  sliding = kind in shape.sliding_layers
+  one = 1.0 if shape.norm_plus_one else 0.0
+
+  def norm(x, name):
+    return rms_norm(x, w[name] + one, shape.rms_norm_eps)
 
   def linear(name, x, routed=None):
     a = jnp.max(jnp.abs(x), axis=-1)
@@ -110,27 +256,41 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
     return y + w[name + ".bias"] if name + ".bias" in w else y
 
   nh, nkv, hd = shape.num_heads, shape.num_kv_heads, shape.head_dim
-  x = rms_norm(h, w[p + "input_layernorm.weight"], shape.rms_norm_eps)
-  q = linear(p + "self_attn.q_proj", x).reshape(b, t, nh, hd)
-  k = linear(p + "self_attn.k_proj", x).reshape(b, t, nkv, hd)
-  v = linear(p + "self_attn.v_proj", x).reshape(b, t, nkv, hd)
-  if shape.qk_norm:
-    q = rms_norm(q, w[p + "self_attn.q_norm.weight"], shape.rms_norm_eps)
-    k = rms_norm(k, w[p + "self_attn.k_norm.weight"], shape.rms_norm_eps)
-  q, k = rope(q, positions, shape.rope_theta), rope(k, positions, shape.rope_theta)
-  k, v = jnp.repeat(k, nh // nkv, axis=2), jnp.repeat(v, nh // nkv, axis=2)
-  scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(hd))
-  scores = jnp.where(mask[:, None], scores, jnp.finfo(jnp.float32).min)
-  o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, t, nh * hd)
-  h = h + linear(p + "self_attn.o_proj", o)
-  x = rms_norm(h, w[p + "post_attention_layernorm.weight"], shape.rms_norm_eps)
-  if shape.moe is None:
-    gate, up = linear(p + "mlp.gate_proj", x), linear(p + "mlp.up_proj", x)
-    return h + linear(p + "mlp.down_proj", jax.nn.silu(gate) * up)
+  x = norm(h, p + "input_layernorm.weight")
+  if shape.mla is not None:
+    q, k, v, scale = _mla_qkv(shape.mla, shape.rope_theta, p + "self_attn.", x, positions, linear, norm)
+  else:
+    q = linear(p + "self_attn.q_proj", x).reshape(b, t, nh, hd)
+    k = linear(p + "self_attn.k_proj", x).reshape(b, t, nkv, hd)
+    v = linear(p + "self_attn.v_proj", x).reshape(b, t, nkv, hd)
+    if shape.qk_norm:
+      q = norm(q, p + "self_attn.q_norm.weight")
+      k = norm(k, p + "self_attn.k_norm.weight")
+    theta = shape.local_rope_theta if sliding and shape.local_rope_theta is not None else shape.rope_theta
+    factor = 1.0 if sliding else shape.rope_linear_factor
+    q, k = rope(q, positions, theta, factor), rope(k, positions, theta, factor)
+    k, v = jnp.repeat(k, nh // nkv, axis=2), jnp.repeat(v, nh // nkv, axis=2)
+    scale = np.float32(1.0 / np.sqrt(hd) if shape.attn_scale is None else shape.attn_scale)
+  scores = softcap(jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale, shape.attn_softcap)
+  m = sliding_mask(mask, shape.sliding_window) if sliding else mask
+  scores = jnp.where(m[:, None], scores, jnp.finfo(jnp.float32).min)
+  o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, t, -1)
+  a = linear(p + "self_attn.o_proj", o)
+  if shape.sandwich_norms:
+    h = h + norm(a, p + "post_attention_layernorm.weight")
+    x = norm(h, p + "pre_feedforward_layernorm.weight")
+  else:
+    h = h + a
+    x = norm(h, p + "post_attention_layernorm.weight")
+  def mlp(prefix):
+    gate, up = linear(prefix + "gate_proj", x), linear(prefix + "up_proj", x)
+    return linear(prefix + "down_proj", _ACTIVATIONS[shape.activation](gate) * up)
+
+  if not is_moe_layer(shape, kind):
+    y = mlp(p + "mlp.")
+    return h + (norm(y, p + "post_feedforward_layernorm.weight") if shape.sandwich_norms else y)
   m = shape.moe
-  logits = x @ w[f"{p}{m.block}.gate.weight"].T  # [B, T, E]
-  top_w, top_e = jax.lax.top_k(logits, m.top_k)
-  top_w = jax.nn.softmax(top_w, axis=-1)
+  top_w, top_e = _route(m, x @ w[f"{p}{m.block}.gate.weight"].T, w.get(f"{p}{m.block}.gate.e_score_correction_bias"))
   onehot = jax.nn.one_hot(top_e, m.num_experts, dtype=jnp.float32)  # [B, T, K, E]
   combine = jnp.einsum("btk,btke->bte", top_w, onehot)
   routed = jnp.sum(onehot, axis=2) > 0  # [B, T, E]
@@ -141,7 +301,51 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
     r = routed[..., e]
     y = linear(pe + d_name, jax.nn.silu(linear(pe + g_name, x, r)) * linear(pe + u_name, x, r), r)
     out = out + combine[..., e:e + 1] * y
+  if m.shared_experts:
+    out = out + mlp(f"{p}{m.block}.shared_experts.")
   return h + out
+
+
+def _route(m: MoeShape, logits, bias):
+  """``(weights, experts)`` ``[B, T, K]`` of router ``logits [B, T, E]`` (module docstring)."""
+  if m.scoring == "softmax":
+    top_w, top_e = jax.lax.top_k(logits, m.top_k)
+    return jax.nn.softmax(top_w, axis=-1), top_e
+  s = jax.nn.sigmoid(logits)
+  choice = s + bias
+  groups = choice.reshape(*choice.shape[:-1], m.n_group, m.num_experts // m.n_group)
+  group_score = jnp.sum(jax.lax.top_k(groups, 2)[0], axis=-1)  # [B, T, G]
+  _, best = jax.lax.top_k(group_score, m.topk_group)
+  keep = jnp.sum(jax.nn.one_hot(best, m.n_group, dtype=jnp.float32), axis=-2) > 0  # [B, T, G]
+  keep = jnp.repeat(keep, m.num_experts // m.n_group, axis=-1)
+  _, top_e = jax.lax.top_k(jnp.where(keep, choice, -jnp.inf), m.top_k)
+  top_w = jnp.take_along_axis(s, top_e, axis=-1)
+  top_w = top_w / (jnp.sum(top_w, axis=-1, keepdims=True) + np.float32(1e-20))
+  return top_w * np.float32(m.routed_scaling_factor), top_e
+
+
+def _mla_qkv(a: MlaShape, theta: float, p: str, x, positions, linear, norm):
+  """``(q, k, v [B, T, H, .], softmax scale)`` of multi-head latent attention (module docstring)."""
+  b, t, _ = x.shape
+  d = a.qk_nope_head_dim + a.qk_rope_head_dim
+  if a.q_lora_rank:
+    q = linear(p + "q_b_proj", norm(linear(p + "q_a_proj", x), p + "q_a_layernorm.weight"))
+  else:
+    q = linear(p + "q_proj", x)
+  q = q.reshape(b, t, -1, d)
+  nh = q.shape[2]
+  ckv = linear(p + "kv_a_proj_with_mqa", x)
+  c, k_pe = ckv[..., :a.kv_lora_rank], ckv[..., a.kv_lora_rank:]
+  kv = linear(p + "kv_b_proj", norm(c, p + "kv_a_layernorm.weight")).reshape(b, t, nh, -1)
+  k_nope, v = kv[..., :a.qk_nope_head_dim], kv[..., a.qk_nope_head_dim:]
+  inv = yarn_inv_freq(a.qk_rope_head_dim, theta, a.yarn)
+  q_pe = rope_interleaved(q[..., a.qk_nope_head_dim:], positions, inv)
+  k_pe = jnp.broadcast_to(rope_interleaved(k_pe[:, :, None, :], positions, inv), (b, t, nh, a.qk_rope_head_dim))
+  q = jnp.concatenate([q[..., :a.qk_nope_head_dim], q_pe], axis=-1)
+  k = jnp.concatenate([k_nope, k_pe], axis=-1)
+  y = a.yarn
+  mscale = 0.1 * y.mscale * math.log(y.factor) + 1.0 if y.factor > 1 else 1.0
+  return q, k, v, np.float32(d ** -0.5 * mscale * mscale)
 
 
 def decoder_forward(weights: dict, shape: DecoderShape, tokens, positions=None, segment_ids=None, act=None,
@@ -158,9 +362,16 @@ def decoder_forward(weights: dict, shape: DecoderShape, tokens, positions=None, 
   seg = jnp.ones((b, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
   mask = attention_mask(positions, seg)
   amax: dict = {}
-  h = w["model.embed_tokens.weight"][tokens]
+  h = embed(w["model.embed_tokens.weight"], tokens, shape)
   for i in range(shape.num_layers):
     h = decoder_layer(w, shape, i, h, positions, mask, amax, act, served)
-  h = rms_norm(h, w["model.norm.weight"], shape.rms_norm_eps)
+  h = rms_norm(h, w["model.norm.weight"] + (1.0 if shape.norm_plus_one else 0.0), shape.rms_norm_eps)
   head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
-  return h @ head.T, amax
+  return softcap(h @ head.T, shape.final_softcap), amax
+
+
+def embed(table, tokens, shape: DecoderShape):
+  """``table[tokens]``, times ``sqrt(hidden)`` (fp32, as transformers' scaled embedding of an fp32 model)
+  when ``shape.scale_embeddings``."""
+  h = jnp.asarray(table, jnp.float32)[tokens]
+  return h * np.float32(np.sqrt(h.shape[-1])) if shape.scale_embeddings else h

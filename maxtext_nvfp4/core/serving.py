@@ -37,7 +37,8 @@ from maxtext_nvfp4.core import nvfp4
 GROUP_SIZE = nvfp4.BLOCK  # 16: ModelOpt's group_size / vLLM's NVFP4 group size
 # HF projections that serving engines fuse into one GEMM (they share one input and one global scale):
 # attention q/k/v (qkv_proj), the MLP's or an expert's gate/up (gate_up_proj; Mixtral's experts: w1/w3 = w13)
-FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"),
+                ("q_a_proj", "kv_a_proj_with_mqa"))  # MLA: vLLM's fused_qkv_a_proj (DeepSeek with q_lora)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,10 +13,29 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
   qwen3_moe      Qwen3MoeForCausalLM    experts mlp.experts.<e>.{gate,up,down}_proj, router mlp.gate;
                                         norm_topk_prob true (MaxText softmaxes over the top-k)
   mixtral        MixtralForCausalLM     experts block_sparse_moe.experts.<e>.{w1,w3,w2}, router block_sparse_moe.gate
+  gemma2         Gemma2ForCausalLM      one MaxText layer = HF layers 2i (sliding window) and 2i+1 (global)
+  gemma3         Gemma3ForCausalLM      text-only (model_type gemma3_text); MaxText's layer types (5 sliding, 1
+                                        global), its query_pre_attn_scalar, local RoPE base, linear RoPE factor
+  deepseek       DeepseekV3ForCausalLM  MLA (q_a/q_b, kv_a_proj_with_mqa, kv_b, their layernorms), YaRN RoPE on
+                                        interleaved pairs; first_k_dense_replace dense layers; experts
+                                        mlp.experts.<e>, mlp.shared_experts, router mlp.gate (+ its
+                                        e_score_correction_bias: sigmoid routing, groups, routed_scaling_factor)
 
-Every other block (gemma*, deepseek, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming
-the supported ones. Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddings,
-norms, routers, ``lm_head``, and every linear that did not train in NVFP4.
+Gemma (both): MaxText stores RMSNorm scales s where HF stores w = s - 1 (HF applies 1 + w) and the
+embedding table E pre-multiplied by sqrt(d) (HF multiplies at lookup): MaxText's conversion hooks do
+both. Tied logits: MaxText h @ bf16(E)^T / sqrt(d) (normalize_embedding_logits) = HF's h @ E_hf^T when
+E_hf = E / sqrt(d) -- exact when sqrt(d) is a power of two; otherwise the hook's divisor (gemma3: bf16
+sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inputs or the logits off by
+at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
+
+Every other block (gemma, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
+ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
+3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
+biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
+gpt_oss loader takes per-expert NVFP4 linears.
+
+Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddings, norms, routers,
+``lm_head``, and every linear that did not train in NVFP4 (DeepSeek's e_score_correction_bias: fp32).
 """
 
 from __future__ import annotations
@@ -47,6 +66,16 @@ class ExportFamily:
   expert_linears: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
   # config.json keys this architecture adds (from the MaxText config and the checkpoint's dimensions)
   extra_config: Callable[[Any, dict], dict] = lambda config, dims: {}
+  # the block builds its q/k norms whatever the config's use_qk_norm says (gemma3)
+  qk_norm_fixed: bool = False
+  # HF decoder layers per MaxText decoder layer (gemma2: a local and a global layer)
+  layers_per_block: int = 1
+  # Gemma: (1 + w) norms, sqrt(d)-scaled tied embeddings, sandwich norms, gelu-tanh MLP, soft-capping,
+  # sliding-window layers (hf_forward.DecoderShape); its settings are checked by _gemma_problems
+  gemma: bool = False
+  # DeepSeek-V3: MLA attention, sigmoid routing with a correction bias, shared experts, dense first layers
+  # (hf_forward.MlaShape / MoeShape); its settings are checked by _deepseek_problems
+  deepseek: bool = False
 
 
 def _get(config, key, default=None):
@@ -81,6 +110,86 @@ def _llama(config, dims):
   return {"attention_bias": False, "mlp_bias": False}
 
 
+def _cap(value) -> float | None:
+  return float(value) if float(value or 0) > 0 else None
+
+
+def _gemma2(config, dims):
+  return {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": dims["head_dim"],
+          "sliding_window": int(config.sliding_window_size), "layer_types": layer_types(config, dims),
+          "attn_logit_softcapping": _cap(config.attn_logits_soft_cap),
+          "final_logit_softcapping": _cap(config.final_logits_soft_cap), "attention_bias": False}
+
+
+def _gemma3(config, dims):
+  local, full = _thetas(config)
+  factor = float(_get(config, "rope_linear_scaling_factor") or 1.0)
+  rope_full = {"rope_type": "default", "rope_theta": full} if factor == 1.0 else {
+      "rope_type": "linear", "factor": factor, "rope_theta": full}
+  return {"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": _gemma3_query_pre_attn_scalar(config),
+          "sliding_window": int(config.sliding_window_size), "layer_types": layer_types(config, dims),
+          "attn_logit_softcapping": _cap(config.attn_logits_soft_cap),
+          "final_logit_softcapping": _cap(config.final_logits_soft_cap), "attention_bias": False,
+          "use_bidirectional_attention": False, "rope_local_base_freq": local,
+          "rope_parameters": {"full_attention": rope_full, "sliding_attention": {"rope_type": "default",
+                                                                                 "rope_theta": local}}}
+
+
+def _groups(config) -> tuple[int, int]:
+  """(n_group, topk_group): MaxText's n_routing_groups / topk_routing_group (-1: one group of all experts)."""
+  n = int(_get(config, "n_routing_groups") or -1)
+  return (1, 1) if n <= 0 else (n, int(config.topk_routing_group))
+
+
+def _deepseek(config, dims):
+  n_group, topk_group = _groups(config)
+  rope = {"rope_type": "yarn", "rope_theta": float(config.rope_max_timescale), "factor": float(config.rope_factor),
+          "original_max_position_embeddings": int(config.original_max_position_embeddings),
+          "beta_fast": float(config.beta_fast), "beta_slow": float(config.beta_slow), "mscale": float(config.mscale),
+          "mscale_all_dim": float(config.mscale), "truncate": True}
+  return {"intermediate_size": dims["mlp_dim"], "moe_intermediate_size": dims["moe_mlp_dim"],
+          "n_routed_experts": dims["num_experts"], "n_shared_experts": int(config.shared_experts),
+          "num_experts_per_tok": int(config.num_experts_per_tok),
+          "routed_scaling_factor": float(config.routed_scaling_factor),
+          "n_group": n_group, "topk_group": topk_group, "norm_topk_prob": True,
+          "first_k_dense_replace": dims["first_num_dense_layers"], "q_lora_rank": dims["q_lora_rank"],
+          "kv_lora_rank": dims["kv_lora_rank"], "qk_nope_head_dim": dims["qk_nope_head_dim"],
+          "qk_rope_head_dim": dims["qk_rope_head_dim"], "v_head_dim": dims["v_head_dim"],
+          "head_dim": dims["qk_rope_head_dim"], "rope_interleave": True, "attention_bias": False,
+          "max_position_embeddings": int(config.max_position_embeddings), "rope_parameters": rope,
+          "num_nextn_predict_layers": 0}
+
+
+def _gemma3_module():
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+  return checkpoint.maxtext_module("maxtext.models.gemma3")
+
+
+def _gemma3_query_pre_attn_scalar(config) -> int:
+  """HF's ``query_pre_attn_scalar`` q (scores * q ** -0.5) of MaxText's ``get_query_pre_attn_scalar`` s
+  (queries * s): q = s ** -2 (256 for head_dim 256; gemma3-27b: emb_dim / heads = 168)."""
+  s = float(_gemma3_module().get_query_pre_attn_scalar(config))
+  return int(round(s ** -2))
+
+
+def _thetas(config) -> tuple[float, float]:
+  """(sliding layers' RoPE base, global layers'): MaxText's local_rope_max_timescale when positive."""
+  full = float(config.rope_max_timescale)
+  local = float(_get(config, "local_rope_max_timescale") or -1)
+  return (local if local > 0 else full), full
+
+
+def layer_types(config, dims) -> list[str]:
+  """HF's ``layer_types`` of a Gemma model: gemma2 alternates (MaxText's layer i = local 2i, global 2i+1);
+  gemma3 follows MaxText's ``gemma3.get_attention_type`` of each layer."""
+  if decoder_block(config) == "gemma2":
+    return ["sliding_attention", "full_attention"] * dims["num_decoder_layers"]
+  g3 = _gemma3_module()
+  return ["sliding_attention" if getattr(g3.get_attention_type(i), "value", "") == "local_sliding" else
+          "full_attention" for i in range(dims["num_decoder_layers"])]
+
+
 FAMILIES: dict[str, ExportFamily] = {
     "llama2": ExportFamily(architecture="LlamaForCausalLM", model_type="llama", extra_config=_llama),
     "mistral": ExportFamily(architecture="MistralForCausalLM", model_type="mistral", extra_config=_no_window),
@@ -90,6 +199,20 @@ FAMILIES: dict[str, ExportFamily] = {
                               extra_config=_qwen3_moe),
     "mixtral": ExportFamily(architecture="MixtralForCausalLM", model_type="mixtral", moe_block="block_sparse_moe",
                             expert_linears=("w1", "w3", "w2"), extra_config=_mixtral),
+    "gemma2": ExportFamily(architecture="Gemma2ForCausalLM", model_type="gemma2", layers_per_block=2, gemma=True,
+                           extra_config=_gemma2),
+    "gemma3": ExportFamily(architecture="Gemma3ForCausalLM", model_type="gemma3_text", qk_norm=True,
+                           qk_norm_fixed=True, gemma=True, extra_config=_gemma3),
+    "deepseek": ExportFamily(architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", moe_block="mlp",
+                             deepseek=True, extra_config=_deepseek),
+}
+
+# blocks refused with a reason of their own (a fact of the HF format, not a missing row)
+REFUSED = {
+    "gpt_oss": "GptOssForCausalLM holds each layer's experts as fused 3-D tensors (mlp.experts.gate_up_proj"
+               " [E, H, 2I], gate/up interleaved, + biases; MaxText's mapping builds exactly those), and neither"
+               " transformers' GptOssExperts nor vLLM's gpt_oss loader takes per-expert NVFP4 linears: no NVFP4"
+               " layout to write",
 }
 
 
@@ -101,38 +224,117 @@ def family(config) -> ExportFamily:
   """The export family of ``config``'s decoder block; :class:`UnsupportedModel` for any other block."""
   block = decoder_block(config)
   if block not in FAMILIES or block not in touchpoints.adapter().hf_conversions:
-    raise UnsupportedModel(f"unsupported model for the export: decoder_block={block} (exports: {', '.join(FAMILIES)})")
+    why = f"; {REFUSED[block]}" if block in REFUSED else ""
+    raise UnsupportedModel(f"unsupported model for the export: decoder_block={block} (exports: {', '.join(FAMILIES)})"
+                           f"{why}")
   return FAMILIES[block]
+
+
+def _gemma_problems(config) -> list[str]:
+  """What a Gemma block's HF architecture cannot express (MaxText: models/gemma2.py, gemma3.py)."""
+  problems = []
+  if not (_get(config, "logits_via_embedding") and _get(config, "normalize_embedding_logits")):
+    # MaxText's Gemma conversions map no lm_head, and its table holds E * sqrt(d): only h @ E^T / sqrt(d) is HF's
+    problems.append("logits_via_embedding=false or normalize_embedding_logits=false (Gemma's tied logits are"
+                    " h @ E^T / sqrt(emb_dim))")
+  for key in ("use_post_attn_norm", "use_post_ffw_norm"):
+    if not _get(config, key):
+      problems.append(f"{key}=false (HF's Gemma layers always have it)")
+  if float(config.normalization_layer_epsilon) != 1e-6:
+    # the layers' norms are RMSNorm(...) without epsilon (its default 1e-6); HF uses rms_norm_eps for all
+    problems.append(f"normalization_layer_epsilon={config.normalization_layer_epsilon} (the Gemma layers' norms"
+                    " use 1e-6)")
+  if int(_get(config, "sliding_window_size") or 0) <= 0:
+    problems.append(f"sliding_window_size={_get(config, 'sliding_window_size')} (the local layers need a window)")
+  local, full = _thetas(config)
+  if decoder_block(config) == "gemma2" and local != full:
+    problems.append(f"local_rope_max_timescale={_get(config, 'local_rope_max_timescale')} (Gemma2ForCausalLM has one"
+                    " rope_theta)")
+  if decoder_block(config) == "gemma3" and _get(config, "scan_layers"):
+    problems.append("scan_layers=true (gemma3's scanned blocks of 6 layers are not read by the export: train or"
+                    " convert with scan_layers=false)")
+  return problems
+
+
+def _deepseek_problems(config) -> list[str]:
+  """What DeepseekV3ForCausalLM cannot express of a MaxText deepseek block (models/deepseek.py,
+  layers/attention_mla.py, layers/moe.py get_topk / deepseek_routing)."""
+  problems = []
+  if str(_get(config, "attention_type")) != "mla" or int(_get(config, "q_lora_rank") or 0) <= 0:
+    problems.append(f"attention_type={_get(config, 'attention_type')}, q_lora_rank={_get(config, 'q_lora_rank')}"
+                    " (DeepSeek-V3's MLA with a low-rank query only)")
+  if not str(_get(config, "model_name")).startswith("deepseek3"):
+    # MaxText routes the deepseek3* models only by DeepSeek-V3's rule (choice with the bias, weights without)
+    problems.append(f"model_name={_get(config, 'model_name')} (MaxText routes DeepSeek-V3's way for deepseek3-* only)")
+  if str(_get(config, "routed_score_func")) != "sigmoid" or not _get(config, "routed_bias"):
+    problems.append(f"routed_score_func={_get(config, 'routed_score_func')}, routed_bias={_get(config, 'routed_bias')}"
+                    " (needs sigmoid with a bias: e_score_correction_bias)")
+  if int(_get(config, "shared_experts") or 0) < 1:
+    problems.append("shared_experts=0 (DeepseekV3ForCausalLM's MoE layers have shared experts)")
+  n_group, _ = _groups(config)
+  if int(config.num_experts) % n_group:
+    problems.append(f"num_experts={config.num_experts} not divisible by n_routing_groups={n_group}")
+  if (str(_get(config, "rope_type")) != "yarn" or not _get(config, "rope_interleave")
+      or not _get(config, "rope_truncate")
+      or _get(config, "rope_attention_scaling") or float(_get(config, "mscale") or 0) <= 0
+      or int(config.max_position_embeddings) <= int(config.original_max_position_embeddings)):
+    # HF/vLLM's yarn with mscale = mscale_all_dim: cos/sin unscaled, softmax scale * mscale^2, which MaxText
+    # applies when max_position_embeddings > original_max_position_embeddings
+    problems.append(f"rope_type={_get(config, 'rope_type')}, rope_interleave={_get(config, 'rope_interleave')},"
+                    f" rope_truncate={_get(config, 'rope_truncate')}, rope_attention_scaling="
+                    f"{_get(config, 'rope_attention_scaling')}, mscale={_get(config, 'mscale')},"
+                    f" max_position_embeddings={config.max_position_embeddings} (exports YaRN on interleaved pairs,"
+                    " truncated, mscale > 0 applied to the softmax scale: max_position_embeddings >"
+                    " original_max_position_embeddings)")
+  for key, off in (("use_indexer", False), ("engram_layers", []), ("mhc_expansion_rate", 1), ("mtp_num_layers", 0)):
+    value = _get(config, key)
+    if value is not None and (list(value) if isinstance(value, (list, tuple)) else value) != off:
+      problems.append(f"{key}={value} (not part of DeepseekV3ForCausalLM)")
+  if _get(config, "logits_via_embedding"):
+    problems.append("logits_via_embedding=true (DeepseekV3ForCausalLM has an lm_head)")
+  return problems
 
 
 def check_supported(config) -> ExportFamily:
   """The family, after every config setting the HF architecture cannot express is refused (one line)."""
   fam = family(config)
   problems = []
-  if list(_get(config, "mlp_activations") or []) != ["silu", "linear"]:
-    problems.append(f"mlp_activations={_get(config, 'mlp_activations')} (needs [silu, linear])")
-  if (str(_get(config, "rope_type")) != "default" or float(_get(config, "rope_linear_scaling_factor") or 1.0) != 1.0
-      or str(_get(config, "model_name")).startswith("llama3.1")):
-    problems.append(f"rope_type={_get(config, 'rope_type')}, model_name={_get(config, 'model_name')} (only default RoPE"
+  act = "gelu" if fam.gemma else "silu"
+  if list(_get(config, "mlp_activations") or []) != [act, "linear"]:
+    problems.append(f"mlp_activations={_get(config, 'mlp_activations')} (needs [{act}, linear])")
+  # gemma3: MaxText's linear factor applies to its global layers only (attentions.py), as HF's full_attention
+  linear_ok = decoder_block(config) == "gemma3"
+  if fam.deepseek:
+    pass  # YaRN: _deepseek_problems
+  elif (str(_get(config, "rope_type")) != "default" or str(_get(config, "model_name")).startswith("llama3.1")
+      or (float(_get(config, "rope_linear_scaling_factor") or 1.0) != 1.0 and not linear_ok)):
+    problems.append(f"rope_type={_get(config, 'rope_type')}, model_name={_get(config, 'model_name')},"
+                    f" rope_linear_scaling_factor={_get(config, 'rope_linear_scaling_factor')} (only default RoPE"
                     " exports)")
   for key in ("fused_qkv", "fused_mlp"):
     if _get(config, key):
       problems.append(f"{key}=true")
-  if bool(_get(config, "use_qk_norm")) != fam.qk_norm:
+  if not fam.qk_norm_fixed and bool(_get(config, "use_qk_norm")) != fam.qk_norm:
     problems.append(f"use_qk_norm={str(bool(_get(config, 'use_qk_norm'))).lower()} ({fam.architecture} has"
                     f"{'' if fam.qk_norm else ' no'} q/k norm)")
-  if float(_get(config, "final_logits_soft_cap") or 0) != 0:
-    problems.append("final_logits_soft_cap")
+  if not fam.gemma:
+    for key in ("final_logits_soft_cap", "attn_logits_soft_cap"):
+      if float(_get(config, key) or 0) != 0:
+        problems.append(f"{key}={_get(config, key)} ({fam.architecture} has no soft-capping)")
   if float(_get(config, "rope_min_timescale") or 1) != 1:
     problems.append(f"rope_min_timescale={_get(config, 'rope_min_timescale')} (HF's RoPE has 1)")
-  if _get(config, "logits_via_embedding") and _get(config, "normalize_embedding_logits"):
+  if fam.gemma:
+    problems += _gemma_problems(config)
+  elif _get(config, "logits_via_embedding") and _get(config, "normalize_embedding_logits"):
     # MaxText divides tied-embedding logits by sqrt(emb_dim) (nnx_decoders.py); HF's tied lm_head does not
     problems.append("logits_via_embedding with normalize_embedding_logits (logits / sqrt(emb_dim))")
   if decoder_block(config) == "mixtral" and int(config.num_query_heads) * int(config.head_dim) != int(config.emb_dim):
     # MaxText's Mixtral hook reshapes every attention kernel to (hidden_size, -1): right only in this case
     problems.append(f"num_query_heads x head_dim = {int(config.num_query_heads) * int(config.head_dim)} != emb_dim"
                     f" {int(config.emb_dim)} (MaxText's mixtral conversion assumes them equal)")
-  if fam.moe_block is not None:
+  if fam.deepseek:
+    problems += _deepseek_problems(config)
+  elif fam.moe_block is not None:
     if str(_get(config, "routed_score_func") or "softmax") != "softmax":
       problems.append(f"routed_score_func={_get(config, 'routed_score_func')} (softmax routing only)")
     if float(_get(config, "routed_scaling_factor") or 1.0) != 1.0:
@@ -149,14 +351,37 @@ def check_supported(config) -> ExportFamily:
 def forward_shape(config, dims: dict) -> hf_forward.DecoderShape:
   """The reference forward's shape of a checked ``config`` whose checkpoint has dimensions ``dims``."""
   fam = family(config)
-  moe = None
+  moe = mla = None
   if fam.moe_block is not None:
     moe = hf_forward.MoeShape(num_experts=dims["num_experts"], top_k=int(config.num_experts_per_tok),
                               block=fam.moe_block, expert_linears=fam.expert_linears)
-  return hf_forward.DecoderShape(
-      num_layers=dims["num_decoder_layers"], num_heads=dims["num_query_heads"], num_kv_heads=dims["num_kv_heads"],
-      head_dim=dims["head_dim"], rms_norm_eps=float(config.normalization_layer_epsilon),
-      rope_theta=float(config.rope_max_timescale), qk_norm=fam.qk_norm, attention_bias=fam.attention_bias, moe=moe)
+  if fam.deepseek:
+    n_group, topk_group = _groups(config)
+    moe = dataclasses.replace(moe, scoring="sigmoid", n_group=n_group, topk_group=topk_group, shared_experts=True,
+                              routed_scaling_factor=float(config.routed_scaling_factor),
+                              first_dense=dims["first_num_dense_layers"])
+    yarn = hf_forward.YarnShape(factor=float(config.rope_factor), beta_fast=float(config.beta_fast),
+                                original_max_position_embeddings=int(config.original_max_position_embeddings),
+                                beta_slow=float(config.beta_slow), mscale=float(config.mscale))
+    mla = hf_forward.MlaShape(q_lora_rank=dims["q_lora_rank"], kv_lora_rank=dims["kv_lora_rank"], yarn=yarn,
+                              qk_nope_head_dim=dims["qk_nope_head_dim"], qk_rope_head_dim=dims["qk_rope_head_dim"],
+                              v_head_dim=dims["v_head_dim"])
+  shape = hf_forward.DecoderShape(
+      num_layers=dims["num_decoder_layers"] * fam.layers_per_block, num_heads=dims["num_query_heads"],
+      num_kv_heads=dims["num_kv_heads"], head_dim=dims.get("head_dim", 0),
+      rms_norm_eps=float(config.normalization_layer_epsilon), rope_theta=float(config.rope_max_timescale),
+      qk_norm=fam.qk_norm, attention_bias=fam.attention_bias, moe=moe, mla=mla)
+  if not fam.gemma:
+    return shape
+  extra = fam.extra_config(config, dims)
+  types = extra["layer_types"]
+  return dataclasses.replace(
+      shape, norm_plus_one=True, scale_embeddings=True, sandwich_norms=True, activation="gelu_tanh",
+      attn_scale=float(extra["query_pre_attn_scalar"]) ** -0.5, attn_softcap=extra["attn_logit_softcapping"],
+      final_softcap=extra["final_logit_softcapping"], sliding_window=extra["sliding_window"],
+      sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
+      local_rope_theta=_thetas(config)[0],
+      rope_linear_factor=float(_get(config, "rope_linear_scaling_factor") or 1.0))  # gemma2: 1 (checked)
 
 
 def hf_config(config, dims: dict) -> dict:
@@ -170,9 +395,11 @@ def hf_config(config, dims: dict) -> dict:
   out = {
       "architectures": [fam.architecture], "model_type": fam.model_type,
       "hidden_size": dims["emb_dim"], "intermediate_size": dims.get("mlp_dim", dims.get("moe_mlp_dim")),
-      "num_hidden_layers": dims["num_decoder_layers"], "num_attention_heads": dims["num_query_heads"],
-      "num_key_value_heads": dims["num_kv_heads"], "head_dim": dims["head_dim"], "vocab_size": dims["vocab_size"],
-      "hidden_act": "silu", "rms_norm_eps": float(config.normalization_layer_epsilon),
+      "num_hidden_layers": dims["num_decoder_layers"] * fam.layers_per_block,
+      "num_attention_heads": dims["num_query_heads"], "num_key_value_heads": dims["num_kv_heads"],
+      "head_dim": dims.get("head_dim"), "vocab_size": dims["vocab_size"],
+      "hidden_act": "gelu_pytorch_tanh" if fam.gemma else "silu",
+      "rms_norm_eps": float(config.normalization_layer_epsilon),
       "rope_parameters": {"rope_type": "default", "rope_theta": theta}, "rope_theta": theta,
       "max_position_embeddings": int(config.max_target_length),
       "tie_word_embeddings": bool(_get(config, "logits_via_embedding")), "dtype": "bfloat16",

@@ -34,7 +34,8 @@ from maxtext_nvfp4.integration import touchpoints
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 # HF linear leaf -> plan role (dense MLP / attention; experts: expert_* by position in expert_linears)
 _ROLES = {"q_proj": "query", "k_proj": "key", "v_proj": "value", "o_proj": "out", "gate_proj": "wi_0",
-          "up_proj": "wi_1", "down_proj": "wo"}
+          "up_proj": "wi_1", "down_proj": "wo", "q_a_proj": "q_a", "q_b_proj": "q_b", "kv_a_proj_with_mqa": "kv_a",
+          "kv_b_proj": "kv_b"}  # MLA: MaxText's wq_a, wq_b, wkv_a, wkv_b; shared experts: the MLP roles
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -66,17 +67,36 @@ def _flatten(key: str, value, scan: bool, scan_axis: int, expert_axes: tuple[int
   return [item(n, ((axis, i),)) for i, n in enumerate(value)]
 
 
+def _renamed(value, old: str, new: str):
+  """A mapping value (a name, or nested lists of names) with the prefix ``old`` replaced by ``new``."""
+  if isinstance(value, str):
+    return new + value[len(old):] if value.startswith(old) else value
+  return [_renamed(v, old, new) for v in value] if isinstance(value, list) else value
+
+
 def hf_shape(name: str, dims: dict) -> tuple[int, ...] | None:
   """The HF shape of tensor ``name`` implied by the checkpoint's dimensions (None: not a known leaf)."""
   parts = name.split(".")
   leaf, kind = parts[-2], parts[-1]
-  e, hd = dims["emb_dim"], dims.get("head_dim")
+  e, hd = dims["emb_dim"], dims.get("head_dim") or 0  # MLA (DeepSeek): no single head_dim
   nh, nkv = dims.get("num_query_heads"), dims.get("num_kv_heads")
-  inter = dims.get("moe_mlp_dim") if ".experts." in name else dims.get("mlp_dim")
+  inter = (dims.get("moe_mlp_dim") if ".experts." in name else dims.get("shared_mlp_dim") if ".shared_experts." in name
+           else dims.get("mlp_dim"))
   if kind == "bias":
     return {"q_proj": (nh * hd,), "k_proj": (nkv * hd,), "v_proj": (nkv * hd,)}.get(leaf)
+  if kind == "e_score_correction_bias":
+    return (dims.get("num_experts"),)
   if leaf in ("q_norm", "k_norm"):
     return (hd,)
+  if "kv_lora_rank" in dims:  # MLA (DeepSeek)
+    ql, kvl = dims.get("q_lora_rank", 0), dims["kv_lora_rank"]
+    qk = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]
+    mla = {"q_a_layernorm": (ql,), "kv_a_layernorm": (kvl,), "q_a_proj": (ql, e), "q_b_proj": (nh * qk, ql),
+           "q_proj": (nh * qk, e), "kv_a_proj_with_mqa": (kvl + dims["qk_rope_head_dim"], e),
+           "kv_b_proj": (nh * (dims["qk_nope_head_dim"] + dims["v_head_dim"]), kvl),
+           "o_proj": (e, nh * dims["v_head_dim"])}
+    if leaf in mla:
+      return mla[leaf]
   if leaf.endswith("layernorm") or leaf == "norm":
     return (e,)
   return {"q_proj": (nh * hd, e), "k_proj": (nkv * hd, e), "v_proj": (nkv * hd, e), "o_proj": (e, nh * hd),
@@ -94,25 +114,35 @@ class Converter:
     conv = facts.hf_conversions[block]
     module = checkpoint.maxtext_module(facts.hf_param_mapping_module)
     scan = bool(config.scan_layers)
-    names = getattr(module, conv.names_fn)(hf_cfg, config, scan_layers=scan)
-    hooks = getattr(module, conv.hooks_fn)(hf_cfg, config, scan_layers=scan, saving_to_hf=True)
+    view = {"text_config": hf_cfg, "vision_config": {"num_hidden_layers": 0}} if conv.multimodal_config else hf_cfg
+    names = getattr(module, conv.names_fn)(view, config, scan_layers=scan)
+    hooks = getattr(module, conv.hooks_fn)(view, config, scan_layers=scan, saving_to_hf=True)
+    old, new = conv.hf_prefix
+    if old:
+      names = {k: _renamed(v, old, new) for k, v in names.items()}
     self.items_dir, self.dims = items_dir, dims
     self.reader = checkpoint.ParamReader(items_dir)
-    present = set(self.reader.shapes)
+    real = {}  # the mapping's name of each checkpoint parameter -> its checkpoint key
+    for key in self.reader.shapes:
+      alias = next((to + key[len(frm):] for frm, to in conv.aliases if key.startswith(frm)), key)
+      real[alias] = key
+    present = set(real)
     unmapped = sorted(present - set(names))
     if unmapped:
       raise checkpoint.CheckpointError(f"checkpoint {items_dir}: {unmapped[0]} ({len(unmapped)} parameters) has no"
                                        f" Hugging Face name in MaxText's {block} conversion: not exportable")
     self.hooks = {}
     for key, chain in hooks.items():
+      if key not in present:  # e.g. gemma3's vision-tower hooks for a text-only checkpoint
+        continue
       chain = chain if isinstance(chain, list) else [chain]
       unknown = [fn.__name__ for fn in chain if fn.__name__ not in conv.hooks]
       if unknown:
         raise checkpoint.CheckpointError(f"MaxText's {block} conversion hooks changed ({unknown}): the export supports"
                                          f" MaxText {facts.version}'s")
-      self.hooks[key] = [fn for fn in chain if fn.__name__ not in conv.dropped]
+      self.hooks[real[key]] = [fn for fn in chain if fn.__name__ not in conv.dropped]
     self.items = [it for key, value in names.items() if key in present
-                  for it in _flatten(key, value, scan, int(config.param_scan_axis), facts.scanned_expert_axes)]
+                  for it in _flatten(real[key], value, scan, int(config.param_scan_axis), facts.scanned_expert_axes)]
 
   def names(self, layer: int | None) -> list[str]:
     return [it.hf_name for it in self.items if it.layer == layer]
@@ -154,15 +184,17 @@ def linear_role(name: str, shape: hf_forward.DecoderShape) -> str:
 
 def trained_nvfp4(config, shape: hf_forward.DecoderShape) -> dict[str, bool]:
   """HF linear name (no ``.weight``) -> whether its forward trained in NVFP4 (before any late switch);
-  False everywhere for runs that did not train in NVFP4."""
+  False everywhere for runs that did not train in NVFP4. HF layer ``i`` is MaxText layer ``i //
+  layers_per_block`` of the plan."""
   settings = settings_lib.from_config(config)
   nvfp4_run = str(getattr(config.quantization, "value", config.quantization)) == "nvfp4"
   scan = bool(config.scan_layers)
+  per = export_arch.family(config).layers_per_block  # the plan counts MaxText's layers (gemma2: 2 HF layers each)
   out = {}
   for layer in range(shape.num_layers):
     for name in hf_forward.layer_names(shape, layer):
-      p, _ = plan_lib.precisions(settings, layer=None if scan else layer, role=linear_role(name, shape),
-                                 num_layers=shape.num_layers)
+      p, _ = plan_lib.precisions(settings, layer=None if scan else layer // per, role=linear_role(name, shape),
+                                 num_layers=shape.num_layers // per)
       out[name] = nvfp4_run and p.fprop == "nvfp4"
   return out
 

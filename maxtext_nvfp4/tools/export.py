@@ -8,7 +8,8 @@ formats with their sources):
                                compressed-tensors and transformers (dequantize=True, on CPU) load
 
 Both are written from the same quantized tensors (``core.serving_formats``). Which architecture a decoder
-block exports as (llama2, mistral, qwen2, qwen3, qwen3_moe, mixtral): ``integration/export_arch.py``;
+block exports as (llama2, mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3, deepseek):
+``integration/export_arch.py``;
 names and layouts come from MaxText's own conversion (``integration/hf_conversion.py``). MoE experts are
 per-expert linears, each its own NVFP4 tensor (an expert's gate/up share one global scale, as vLLM fuses
 them); routers, norms, embeddings, ``lm_head`` and every linear that trained in high precision are written
@@ -120,33 +121,35 @@ def _at_layer0(tensors: dict, layer: int) -> dict:
 
 def calibrate(conv, shape, batches: list[dict], progress) -> dict[str, float]:
   """``{linear: max input amax over the batches}`` from the HF-order fp32 forward of the unquantized weights,
-  run one layer at a time (only that layer's weights in memory). An expert that no calibration token
-  reached (amax 0) takes the largest amax of the same linear among its layer's experts."""
+  run one layer at a time (only that layer's weights in memory; one compiled layer per kind of layer:
+  ``hf_forward.layer_kind``). An expert that no calibration token reached (amax 0) takes the largest amax of
+  the same linear among its layer's experts."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
 
   embed = conv.tensors(None, only=frozenset({"model.embed_tokens.weight"}))["model.embed_tokens.weight"]
-  hs = [jnp.asarray(embed[np.asarray(b["inputs"])]) for b in batches]
+  hs = [hf_forward.embed(embed, np.asarray(b["inputs"]), shape) for b in batches]
   del embed
 
-  @jax.jit
-  def layer0(w, h, pos, seg):
+  @functools.partial(jax.jit, static_argnames="like")
+  def layer0(w, h, pos, seg, like):
     amax: dict = {}
     mask = hf_forward.attention_mask(pos, seg)
-    return hf_forward.decoder_layer(w, shape, 0, h, pos, mask, amax), amax
+    return hf_forward.decoder_layer(w, shape, 0, h, pos, mask, amax, like=like), amax
 
   amax: dict[str, float] = {}
   for layer in progress(range(shape.num_layers), desc="calibrate", unit="layer"):
     w = _at_layer0(conv.tensors(layer), layer)
     for j, b in enumerate(batches):
-      hs[j], got = layer0(w, hs[j], jnp.asarray(b["inputs_position"]), jnp.asarray(b["inputs_segmentation"]))
+      hs[j], got = layer0(w, hs[j], jnp.asarray(b["inputs_position"]), jnp.asarray(b["inputs_segmentation"]),
+                          like=hf_forward.layer_kind(shape, layer))
       for k, v in got.items():
         name = f"model.layers.{layer}." + k[len("model.layers.0."):]
         amax[name] = max(amax.get(name, 0.0), float(v))
   if shape.moe is not None:
-    for layer in range(shape.num_layers):
+    for layer in filter(functools.partial(hf_forward.is_moe_layer, shape), range(shape.num_layers)):
       for leaf in shape.moe.expert_linears:
         names = [f"model.layers.{layer}.{shape.moe.block}.experts.{e}.{leaf}" for e in range(shape.moe.num_experts)]
         top = max(amax[n] for n in names)
@@ -158,7 +161,8 @@ def calibrate(conv, shape, batches: list[dict], progress) -> dict[str, float]:
 
 def write_tensors(conv, shape, names: list[str], amax: dict[str, float], writer, progress, *, fmt: str) -> None:
   """Every tensor, one layer at a time: the NVFP4 linears ``names`` in ``fmt`` (fused groups share one
-  global scale and one input scale; ``amax`` empty: weights only), everything else bf16."""
+  global scale and one input scale; ``amax`` empty: weights only), everything else bf16 (``FP32_TENSORS``:
+  fp32)."""
   import ml_dtypes  # pylint: disable=import-outside-toplevel
 
   from maxtext_nvfp4.core import serving  # pylint: disable=import-outside-toplevel
@@ -177,9 +181,13 @@ def write_tensors(conv, shape, names: list[str], amax: dict[str, float], writer,
           writer.add(k, v)
     for k in sorted(t):
       if k[: -len(".weight")] not in quantized:
-        writer.add(k, t[k].astype(ml_dtypes.bfloat16))
+        writer.add(k, t[k] if k.endswith(FP32_TENSORS) else t[k].astype(ml_dtypes.bfloat16))
     del t
 
+
+# written fp32, as the architecture holds them: DeepSeek-V3's routing-choice bias (an fp32 buffer in
+# transformers; bf16 would move which experts a token picks)
+FP32_TENSORS = (".e_score_correction_bias",)
 
 MARKER = "maxtext_nvfp4_export.json"  # written last into every export: what marks a folder as ours
 
@@ -279,6 +287,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
@@ -321,7 +330,8 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
       raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
     say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {len(batches)} batch(es) of {data}")
     amax = calibrate(conv, shape, batches, progress)
-  routers = [f"model.layers.{i}.{shape.moe.block}.gate" for i in range(shape.num_layers)] if shape.moe else []
+  routers = [f"model.layers.{i}.{shape.moe.block}.gate" for i in range(shape.num_layers)
+             if hf_forward.is_moe_layer(shape, i)]
   excluded = ["lm_head", "model.embed_tokens", *routers, *[n for n in trained if n not in set(names)]]
   files: list[str] = []
 

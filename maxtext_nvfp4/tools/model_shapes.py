@@ -13,9 +13,13 @@ Dimensions, from the parameters named as MaxText's checkpoint conversion names t
   num_query_heads, head_dim  ``self_attention-query-kernel``        [emb, heads, head_dim]
   num_kv_heads               ``self_attention-key-kernel``          [emb, kv_heads, head_dim]
   mlp_dim                    ``mlp-wi_0-kernel``                    [emb, mlp]
+                             (gemma2: ``self_attention_local-`` / ``mlp_local-``; its layer is 2 HF layers)
   num_experts, moe_mlp_dim   ``<moe>-gate-kernel`` [emb, experts], ``<moe>-wi_0`` [experts, emb, mlp]
                              (<moe>: ``MoeBlock_0`` in mixtral's layers, ``moe_block`` in qwen3_moe's)
   scan_layers                whether the parameters are stacked (``layers``) or per layer (``layers_<i>``)
+  deepseek                   ``dense_layers_<i>`` + ``moe_layers_<j>``: num_decoder_layers,
+                             first_num_dense_layers, the MLA ranks and head dims, mlp_dim, num_experts,
+                             moe_mlp_dim, shared_mlp_dim (:func:`_deepseek_dimensions`)
 
 A dimension whose parameter the checkpoint does not have (another block type) is not compared.
 """
@@ -29,11 +33,17 @@ from typing import Any
 CONFIG_KEY = {"vocab_size": "vocab_size", "emb_dim": "base_emb_dim", "num_decoder_layers": "base_num_decoder_layers",
               "num_query_heads": "base_num_query_heads", "num_kv_heads": "base_num_kv_heads", "head_dim": "head_dim",
               "mlp_dim": "base_mlp_dim", "num_experts": "num_experts", "moe_mlp_dim": "base_moe_mlp_dim",
-              "scan_layers": "scan_layers"}
+              "scan_layers": "scan_layers", "first_num_dense_layers": "first_num_dense_layers",
+              "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank", "qk_nope_head_dim": "qk_nope_head_dim",
+              "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
 
 # the routed-experts module's parameter names: mixtral's decoder layer (MoeBlock_0), qwen3_moe's (moe_block)
 MOE_BLOCKS = ("MoeBlock_0", "moe_block")
+# the attention and MLP modules' names in a decoder layer (gemma2's layer holds a local and a global pair of
+# equal shapes: the local one is read)
+ATTENTION_MODULES = ("self_attention", "self_attention_local")
+MLP_MODULES = ("mlp", "mlp_local")
 
 
 class ShapeMismatch(ValueError):
@@ -75,6 +85,8 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
   emb = shapes.get("params-token_embedder-embedding")
   if emb is not None and len(emb) == 2:
     dims["vocab_size"], dims["emb_dim"] = emb
+  if any(k.startswith(("params-decoder-dense_layers", "params-decoder-moe_layers")) for k in shapes):
+    return {**dims, **_deepseek_dimensions(shapes, param_scan_axis)}
   per_layer = {int(m.group(1)) for k in shapes for m in [re.match(r"params-decoder-layers_(\d+)-", k)] if m}
   scanned = any(k.startswith("params-decoder-layers-") for k in shapes)
   if per_layer and not scanned:
@@ -86,15 +98,17 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
     prefix, axis = "params-decoder-layers-", param_scan_axis
   else:
     return dims
-  q = shapes.get(prefix + "self_attention-query-kernel")
+  attn = next((a for a in ATTENTION_MODULES if prefix + a + "-query-kernel" in shapes), ATTENTION_MODULES[0])
+  mlp = next((m for m in MLP_MODULES if prefix + m + "-wi_0-kernel" in shapes), MLP_MODULES[0])
+  q = shapes.get(prefix + attn + "-query-kernel")
   if q is not None and len(q) == 3 + (axis is not None):
     if axis is not None:
       dims["num_decoder_layers"] = q[axis]
     _, dims["num_query_heads"], dims["head_dim"] = _drop(q, axis)
-  k = shapes.get(prefix + "self_attention-key-kernel")
+  k = shapes.get(prefix + attn + "-key-kernel")
   if k is not None and len(k) == 3 + (axis is not None):
     dims["num_kv_heads"] = _drop(k, axis)[1]
-  wi = shapes.get(prefix + "mlp-wi_0-kernel")
+  wi = shapes.get(prefix + mlp + "-wi_0-kernel")
   if wi is not None and len(wi) == 2 + (axis is not None):
     dims["mlp_dim"] = _drop(wi, axis)[1]
   moe = next((m for m in MOE_BLOCKS if prefix + m + "-gate-kernel" in shapes), MOE_BLOCKS[0])
@@ -104,6 +118,50 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
   ewi = shapes.get(prefix + moe + "-wi_0")
   if ewi is not None and len(ewi) == 3 + (axis is not None):
     dims["moe_mlp_dim"] = _drop(ewi, axis)[2]
+  return dims
+
+
+def _deepseek_dimensions(shapes: dict[str, tuple[int, ...]], param_scan_axis: int) -> dict[str, Any]:
+  """A deepseek block's dimensions: ``dense_layers_<i>`` then ``moe_layers_<j>`` (scanned: ``dense_layers`` /
+  ``moe_layers`` stacked at ``param_scan_axis``); MLA kernels wq_a [emb, q_lora], wkv_a [emb, kv_lora + rope],
+  wkv_b [kv_lora, heads, nope + v], out [heads, v, emb], wq_b [q_lora, heads, nope + rope]."""
+  dims: dict[str, Any] = {}
+  count = {}
+  for part in ("dense_layers", "moe_layers"):
+    idx = {int(m.group(1)) for k in shapes for m in [re.match(rf"params-decoder-{part}_(\d+)-", k)] if m}
+    stacked = [v for k, v in shapes.items() if k.startswith(f"params-decoder-{part}-")]
+    dims["scan_layers"] = bool(stacked) or dims.get("scan_layers", False)
+    count[part] = max(idx) + 1 if idx else (stacked[0][param_scan_axis] if stacked else 0)
+
+  def get(part, name):
+    axis = param_scan_axis if dims["scan_layers"] else None
+    shape = shapes.get(f"params-decoder-{part}{'-' if axis is not None else '_0-'}{name}")
+    return None if shape is None else _drop(shape, axis)
+
+  dims["first_num_dense_layers"] = count["dense_layers"]
+  dims["num_decoder_layers"] = count["dense_layers"] + count["moe_layers"]
+  part = "dense_layers" if count["dense_layers"] else "moe_layers"
+  wkv_b, out = get(part, "self_attention-wkv_b-kernel"), get(part, "self_attention-out-kernel")
+  wkv_a, wq_a = get(part, "self_attention-wkv_a-kernel"), get(part, "self_attention-wq_a-kernel")
+  if wkv_b is not None and out is not None and wkv_a is not None:
+    dims["kv_lora_rank"], dims["num_query_heads"], nope_v = wkv_b
+    dims["num_kv_heads"] = dims["num_query_heads"]
+    dims["v_head_dim"] = out[1]
+    dims["qk_nope_head_dim"] = nope_v - out[1]
+    dims["qk_rope_head_dim"] = wkv_a[1] - dims["kv_lora_rank"]
+    dims["q_lora_rank"] = wq_a[1] if wq_a is not None else 0
+  wi = get("dense_layers", "mlp-wi_0-kernel")
+  if wi is not None:
+    dims["mlp_dim"] = wi[1]
+  gate = get("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-gate-kernel")
+  if gate is not None:
+    dims["num_experts"] = gate[1]
+  ewi = get("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-wi_0")
+  if ewi is not None:
+    dims["moe_mlp_dim"] = ewi[2]
+  shared = get("moe_layers", "DeepSeekMoeBlock_0-shared_experts-wi_0-kernel")
+  if shared is not None:
+    dims["shared_mlp_dim"] = shared[1]
   return dims
 
 

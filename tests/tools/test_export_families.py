@@ -7,11 +7,15 @@ forward (``core.hf_forward``, what ``eval-quantized`` runs and what the peer ora
 transformers) of the checkpoint converted by MaxText's own mappings: equal to 2e-5 of max|logits| (fp32
 op-order differences; measured <= 2.2e-6). One exception, MaxText's: with tied embeddings its logits use
 the embedding table cast to bf16 (``embeddings.attend_on_embedding``), so ours is given that table as
-``lm_head`` -- which is also what a served model has, the export writing embeddings in bf16.
+``lm_head`` -- which is also what a served model has, the export writing embeddings in bf16. A
+conversion-style layout error, and for gemma2, gemma3 and deepseek each of the family's own operations
+turned off in our forward (``_OPERATIONS``), moves the logits > 100x the tolerance: the tiny configs
+exercise them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -55,13 +59,51 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
   scale = np.abs(theirs).max()
   assert scale > 1.0
   np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"{family}: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
   # a real check: a layout error of the kind a conversion makes (a transposed-then-reshaped projection)
   # moves the logits far beyond the tolerance
   bad = dict(w)
-  q = bad["model.layers.0.self_attn.q_proj.weight"]
-  bad["model.layers.0.self_attn.q_proj.weight"] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
+  name = next(n for n in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_b_proj.weight")
+              if n in w)  # MLA: the query's up-projection
+  q = bad[name]
+  bad[name] = q.reshape(-1, 2, q.shape[1] // 2).transpose(1, 0, 2).reshape(q.shape)
   moved = np.asarray(hf_forward.decoder_forward(bad, model.shape, tokens)[0])
   assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale
+  # and each of the family's own operations shows: the forward without it is as far off
+  for op, off in _OPERATIONS.get(family, {}).items():
+    moved = np.asarray(hf_forward.decoder_forward(w, off(model.shape), tokens)[0])
+    assert np.abs(moved - theirs).max() > 100 * 2e-5 * scale, op
+
+
+def _off(**fields):
+  """The shape with top-level ``fields`` replaced (``moe__x`` / ``mla__x`` / ``yarn__x``: nested fields)."""
+  def apply(shape):
+    top = {k: v for k, v in fields.items() if "__" not in k}
+    moe = {k[5:]: v for k, v in fields.items() if k.startswith("moe__")}
+    mla = {k[5:]: v for k, v in fields.items() if k.startswith("mla__")}
+    yarn = {k[6:]: v for k, v in fields.items() if k.startswith("yarn__")}
+    if moe:
+      top["moe"] = dataclasses.replace(shape.moe, **moe)
+    if mla or yarn:
+      top["mla"] = dataclasses.replace(shape.mla, **mla, **({"yarn": dataclasses.replace(shape.mla.yarn, **yarn)}
+                                                            if yarn else {}))
+    return dataclasses.replace(shape, **top)
+  return apply
+
+
+# family -> its own operations, each as the forward's shape with that operation turned off
+_OPERATIONS = {
+    "gemma2": {"window": _off(sliding_layers=()), "attention soft-cap": _off(attn_softcap=None),
+               "final soft-cap": _off(final_softcap=None), "(1 + w) norms": _off(norm_plus_one=False)},
+    # (gemma3's query_pre_attn_scalar is head_dim's at this size: not a distinct operation here)
+    "gemma3": {"window": _off(sliding_layers=()), "global layers' linear RoPE": _off(rope_linear_factor=1.0),
+               "local RoPE base": _off(local_rope_theta=None), "q/k norms": _off(qk_norm=False),
+               "embedding scale": _off(scale_embeddings=False)},
+    "deepseek": {"routed_scaling_factor": _off(moe__routed_scaling_factor=1.0),
+                 "expert groups": _off(moe__n_group=1, moe__topk_group=1),
+                 "shared experts": _off(moe__shared_experts=False),
+                 "YaRN frequencies": _off(yarn__factor=1.0), "mscale": _off(yarn__mscale=0.0)},
+}
 
 
 def _header(path):
@@ -181,13 +223,32 @@ def test_eval_quantized_serves_an_moe_checkpoint(checkpoints, tmp_path):
   assert all(np.isfinite(v) for v in losses.values()) and losses["bf16"] != losses["nvfp4-w4a4"]
 
 
-def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, capsys):
+@pytest.mark.parametrize("model,block,why", [("gemma-2b", "gemma", None),
+                                             ("gpt-oss-20b", "gpt_oss", "mlp.experts.gate_up_proj")])
+def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, block, why):
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
 
-  config = checkpoint.load_config(export_families.overrides("llama2", str(tmp_path), model_name="gemma2-2b"))
+  config = checkpoint.load_config(export_families.overrides("llama2", str(tmp_path), model_name=model))
   with pytest.raises(export_arch.UnsupportedModel) as e:
     export_arch.check_supported(config)
   msg = str(e.value)
-  assert "\n" not in msg and "decoder_block=gemma2" in msg
+  assert "\n" not in msg and f"decoder_block={block} " in msg
   assert all(f in msg for f in export_families.FAMILIES)
+  assert why is None or why in msg  # gpt_oss: the reason its HF format cannot hold per-expert NVFP4
+
+
+def test_a_gemma2_nvfp4_run_keeps_both_hf_layers_of_a_kept_maxtext_layer(tmp_path):
+  """The plan counts MaxText's layers; gemma2's layer i is HF layers 2i (sliding) and 2i+1 (global)."""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("gemma2", str(tmp_path), base_num_decoder_layers=2,
+                                                            quantization="nvfp4", nvfp4_keep_last_layers=1))
+  dims = {"num_decoder_layers": 2, "num_query_heads": 4, "num_kv_heads": 2, "head_dim": 32}
+  shape = export_arch.forward_shape(config, dims)
+  assert shape.num_layers == 4 and shape.sliding_layers == (0, 2)
+  trained = hf_conversion.trained_nvfp4(config, shape)
+  assert len(trained) == 4 * 7
+  assert all(trained[n] == (int(n.split(".")[2]) < 2) for n in trained), trained

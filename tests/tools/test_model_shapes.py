@@ -52,6 +52,46 @@ def test_moe_dimensions():
   assert (dims["num_experts"], dims["moe_mlp_dim"], dims["num_query_heads"]) == (E, MOE, NH) and "mlp_dim" not in dims
 
 
+def _deepseek(scan_axis=None):
+  """MaxText's deepseek block (1 dense + 3 MoE layers), MLA ranks q 24 / kv 16, heads NH x (nope 32 + rope 8),
+  v 16; shared experts 2 x MOE wide."""
+  def s(n, *shape):
+    return shape if scan_axis is None else shape[:scan_axis] + (n,) + shape[scan_axis:]
+
+  def attention(prefix, n):
+    return {prefix + "self_attention-wq_a-kernel": s(n, EMB, 24),
+            prefix + "self_attention-wq_b-kernel": s(n, 24, NH, 40),
+            prefix + "self_attention-wkv_a-kernel": s(n, EMB, 16 + 8),
+            prefix + "self_attention-wkv_b-kernel": s(n, 16, NH, 32 + 16),
+            prefix + "self_attention-out-kernel": s(n, NH, 16, EMB)}
+
+  shapes = {"params-token_embedder-embedding": (VOCAB, EMB)}
+  for part, n, layers in (("dense_layers", 1, [0]), ("moe_layers", 3, [0, 1, 2])):
+    prefixes = [f"params-decoder-{part}-"] if scan_axis is not None else [f"params-decoder-{part}_{i}-" for i in layers]
+    for prefix in prefixes:
+      shapes.update(attention(prefix, n))
+      if part == "dense_layers":
+        shapes[prefix + "mlp-wi_0-kernel"] = s(n, EMB, MLP)
+      else:
+        shapes[prefix + "DeepSeekMoeBlock_0-MoeBlock_0-gate-kernel"] = s(n, EMB, E)
+        shapes[prefix + "DeepSeekMoeBlock_0-MoeBlock_0-wi_0"] = s(n, E, EMB, MOE)
+        shapes[prefix + "DeepSeekMoeBlock_0-shared_experts-wi_0-kernel"] = s(n, EMB, 2 * MOE)
+  return shapes
+
+
+@pytest.mark.parametrize("scan_axis", [None, 1])
+def test_deepseek_dimensions(scan_axis):
+  dims = model_shapes.dimensions(_deepseek(scan_axis), param_scan_axis=scan_axis or 1)
+  assert dims == {"vocab_size": VOCAB, "emb_dim": EMB, "scan_layers": scan_axis is not None, "num_decoder_layers": 4,
+                  "first_num_dense_layers": 1, "kv_lora_rank": 16, "num_query_heads": NH, "num_kv_heads": NH,
+                  "v_head_dim": 16, "qk_nope_head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 24, "mlp_dim": MLP,
+                  "num_experts": E, "moe_mlp_dim": MOE, "shared_mlp_dim": 2 * MOE}
+  wrong = model_shapes.config_dimensions(types.SimpleNamespace(first_num_dense_layers=2, kv_lora_rank=16,
+                                                               num_experts=E))
+  assert model_shapes.mismatches(dims, wrong) == [
+      "first_num_dense_layers: checkpoint 1, config 2 (first_num_dense_layers)"]
+
+
 def _config(**kw):
   return types.SimpleNamespace(**{**DENSE, "scan_layers": False, "num_experts": 1, "moe_mlp_dim": -1, **kw})
 

@@ -35,6 +35,14 @@ class HfConversion:
   dropped: frozenset[str] = frozenset()
   # why a hook is dropped (one line; docs/export.md has the proof)
   dropped_reason: str = ""
+  # the functions read a multimodal HF config (``{"text_config": <the text model's>, "vision_config": ...}``;
+  # the export passes a vision tower of 0 layers) and name the text model's tensors under ``hf_prefix[0]``,
+  # which the text-only architecture names ``hf_prefix[1]``
+  multimodal_config: bool = False
+  hf_prefix: tuple[str, str] = ("", "")
+  # (checkpoint key prefix, the prefix the mapping names it under): a variable whose Flax collection moved
+  # after the mapping was written (MaxText's own restore aliases it the same way)
+  aliases: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,8 +10,9 @@ calls megablox gmm for wi_0, wi_1, wo -- or [wi_0 | wi_1], wo with prefuse_moe_w
 (routed experts from ``first_num_dense_layers`` on), ``models/llama4.py`` (every
 ``interleave_moe_layer_step``-th layer), ``configs/pyconfig.py`` (``_prepare_for_pydantic``'s unknown-key
 message; the keys it rewrites), ``layers/nnx_wrappers.py`` (DenseGeneral's ``nnx.Rngs(params, dropout,
-aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen and Mixtral mappings and hook chains;
-``tensor_handling.stacked_axes``: a scanned MoE weight stacks (experts, layers) leading).
+aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen, Mixtral, Gemma 2, Gemma 3
+and DeepSeek mappings and their hook chains; ``tensor_handling.stacked_axes``: a scanned MoE weight stacks
+(experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``).
 """
 
 from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, LogNoise, MaxTextVersion, Touch
@@ -90,6 +91,24 @@ TOUCHES: tuple[Touch, ...] = (
           use="MaxText -> HF names of mixtral blocks for the NVFP4 export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
           use="MaxText -> HF layouts of mixtral blocks (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of gemma2 blocks (a local and a global HF layer each) for the export"
+              " (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of gemma2 blocks: norms - 1, embedding / sqrt(d), query scale (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of gemma3 blocks (its text model's) for the export (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of gemma3 blocks: norms - 1, embedding / sqrt(d) (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of deepseek blocks (dense_layers_<i>, moe_layers_<j>) for the export"
+              " (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of deepseek blocks (hf_conversion)"),
+    Touch(module="maxtext.models.gemma3", symbol="get_attention_type",
+          use="which gemma3 layers slide (HF layer_types of the export; export_arch)"),
+    Touch(module="maxtext.models.gemma3", symbol="get_query_pre_attn_scalar",
+          use="gemma3's query scale, as HF's query_pre_attn_scalar (export_arch)"),
     Touch(module="maxtext.input_pipeline.input_pipeline_interface", symbol="create_data_iterator",
           use="the run's eval batches for the export's calibration (checkpoint.eval_batches)"),
     Touch(module="maxtext.utils.model_creation_utils", symbol="from_config",
@@ -151,6 +170,23 @@ ADAPTER = MaxTextVersion(
         "mixtral": HfConversion(
             names_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"reshape_and_transpose_attention", "scale_query_layer", "reshape_kernel"})),
+        # gemma2: norm scales - 1, embedding / sqrt(hidden) (fp32) cut to the vocab, query * sqrt(head_dim)
+        "gemma2": HfConversion(
+            names_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"pad_hf_embedding_layer", "reshape_kernel", "scale_rmsnorm_layer", "scale_query_layer"})),
+        # gemma3: written for Gemma3ForConditionalGeneration (model.language_model.*); norm scales - 1, embedding /
+        # bf16(sqrt(hidden)); the query is scaled in the forward (query_pre_attn_scalar), not in the kernel
+        "gemma3": HfConversion(
+            names_fn="GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"pad_and_scale_embedding", "scale_rmsnorm", "reshape_kernel"}),
+            multimodal_config=True, hf_prefix=("model.language_model.", "model.")),
+        # deepseek: transposes/reshapes only (MLA's softmax scale and the YaRN RoPE live in the forward). The
+        # deepseek3* routing bias is a MoEBiasVar (layers/moe.py GateLogit), so a checkpoint holds it as
+        # MoEBiasVar-...-gate-bias where the mapping names params-...-gate-bias (common/checkpointing.py
+        # _alias_legacy_collections is MaxText's own alias of the two)
+        "deepseek": HfConversion(
+            names_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"reshape_kernel"}), aliases=(("MoEBiasVar-", "params-"),)),
     },
     scanned_expert_axes=(0, 1),  # checkpoint_conversion/utils/tensor_handling.py stacked_axes: leading
     configs_dir="configs",

@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 import peers_env
 
 # HF linear leaves that engines fuse and ModelOpt gives one global scale
-FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
 def load_dir(d: pathlib.Path) -> dict:
@@ -79,7 +79,7 @@ def hf_logits(export_dir: pathlib.Path, exported: dict, decoded: dict, tokens, r
   config = json.loads((export_dir / "config.json").read_text())
   config.pop("quantization_config", None)
   config["dtype"] = "float32"
-  state = {k: v.float() for k, v in exported.items() if k.endswith((".weight", ".bias")) and v.dtype != torch.uint8}
+  state = {k: v.float() for k, v in exported.items() if k.endswith((".weight", "bias")) and v.dtype != torch.uint8}
   state.update({f"{n}.weight": w for n, w in decoded.items()})
   with tempfile.TemporaryDirectory() as tmp:
     (pathlib.Path(tmp) / "config.json").write_text(json.dumps(config))
