@@ -40,12 +40,10 @@ _SCRIPT = textwrap.dedent(
         (l, outs), grads = jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(x, wi, wo, wq)
         return outs, grads
 
-      ks = jax.random.split(jax.random.key(0), 5)
-      x = jax.random.normal(ks[0], (b, s, e), jnp.bfloat16)
-      wi = (jax.random.normal(ks[1], (e, f)) * 0.1).astype(jnp.bfloat16)
-      wo = (jax.random.normal(ks[2], (f, e)) * 0.1).astype(jnp.bfloat16)
-      wq = (jax.random.normal(ks[3], (h, d, e)) * 0.1).astype(jnp.bfloat16)
-      dy = jax.random.normal(ks[4], (b, s, e), jnp.bfloat16)
+      # operands from numpy (jax.random would compile a sampler per shape); bf16 casts round to nearest even
+      rng = np.random.default_rng(0)
+      normal = lambda shape, scale=1.0: jnp.asarray((rng.standard_normal(shape, np.float32) * np.float32(scale)).astype(jnp.bfloat16))
+      x, wi, wo, wq, dy = normal((b, s, e)), normal((e, f), 0.1), normal((f, e), 0.1), normal((h, d, e), 0.1), normal((b, s, e))
       args = (x, wi, wo, wq, dy)
 
       single = jax.jit(step)
@@ -195,11 +193,14 @@ _TE_SCOPE_SCRIPT = textwrap.dedent(
         x_spec, w_spec = specs({"batch": batch})
         kdims = xshape[2:]
         wshape = kdims + nshape
-        ks = jax.random.split(jax.random.key(ci), 3)
+        # Operands from numpy (jax.random would compile a sampler per shape; bf16 casts round to nearest even).
         # Rows and columns with very different magnitudes: every shard's amax differs.
-        x = (jax.random.normal(ks[0], xshape, F32) * jnp.exp(jax.random.normal(ks[1], xshape[:1] + (1,) * (len(xshape) - 1)))).astype(jnp.bfloat16)
-        w = (jax.random.normal(ks[1], wshape, F32) * jnp.linspace(0.02, 0.3, wshape[-1])).astype(jnp.bfloat16)
-        dy = jax.random.normal(ks[2], xshape[:2] + nshape, jnp.bfloat16)
+        rng = np.random.default_rng(ci)
+        normal = lambda shape: rng.standard_normal(shape, np.float32)
+        bf16 = lambda a: jnp.asarray(np.asarray(a, np.float32).astype(jnp.bfloat16))
+        x = bf16(normal(xshape) * np.exp(normal(xshape[:1] + (1,) * (len(xshape) - 1))))
+        w = bf16(normal(wshape) * np.linspace(0.02, 0.3, wshape[-1], dtype=np.float32))
+        dy = bf16(normal(xshape[:2] + nshape))
         nk = len(kdims)
         G = amax_scope.amax_groups(mesh={"fsdp": mesh_shape["fsdp"], "tp": mesh_shape["tp"], "data": mesh_shape.get("data", 1)},
                                    x_rows=[x_spec[0], x_spec[1]], x_k=list(x_spec[2:]), w_k=list(w_spec[:nk]),

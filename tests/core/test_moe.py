@@ -29,13 +29,20 @@ def _bits(a):
   return np.asarray(a, np.float32)
 
 
+def _bf16_normal(seed, *shapes, expert_scales=False):
+  """bf16 Gaussian operands from numpy (jax.random would compile a sampler per shape; numpy's bf16 cast rounds
+  to nearest even, as XLA's); ``expert_scales``: the second operand's experts scaled 1, 4, 16, ... apart."""
+  rng = np.random.default_rng(seed)
+  out = [rng.standard_normal(shape, np.float32) for shape in shapes]
+  if expert_scales:
+    out[1] = out[1] * (np.float32(4.0) ** np.arange(shapes[1][0], dtype=np.float32))[:, None, None]
+  return [jnp.asarray(a.astype(jnp.bfloat16)) for a in out]
+
+
 def _operands(sizes, extra_rows=5):
   e, m = len(sizes), sum(sizes) + extra_rows
-  kx, kw, kd = jax.random.split(jax.random.key(0), 3)
-  x = jax.random.normal(kx, (m, K), jnp.float32).astype(jnp.bfloat16)
   # experts' weights on scales 1..E apart: one shared amax would quantize the small ones coarsely
-  w = (jax.random.normal(kw, (e, K, N)) * (4.0 ** jnp.arange(e))[:, None, None]).astype(jnp.bfloat16)
-  dy = jax.random.normal(kd, (m, N), jnp.float32).astype(jnp.bfloat16)
+  x, w, dy = _bf16_normal(0, (m, K), (e, K, N), (m, N), expert_scales=True)
   return x, w, dy
 
 
@@ -132,10 +139,7 @@ def test_each_expert_weight_gets_its_own_amax():
     ("BSEH,EHM->BSEM", (2, 16, 2, K), (2, K, N), (2, 16, 2, N)),      # no-capacity down projection
 ])
 def test_einsum_forms_equal_per_expert_loop_bit_for_bit(eqn, lhs_shape, rhs_shape, dy_shape):
-  kx, kw, kd = jax.random.split(jax.random.key(2), 3)
-  x = jax.random.normal(kx, lhs_shape).astype(jnp.bfloat16)
-  w = (jax.random.normal(kw, rhs_shape) * (4.0 ** jnp.arange(rhs_shape[0]))[:, None, None]).astype(jnp.bfloat16)
-  dy = jax.random.normal(kd, dy_shape).astype(jnp.bfloat16)
+  x, w, dy = _bf16_normal(2, lhs_shape, rhs_shape, dy_shape, expert_scales=True)
   got = _vjp(lambda a, b: grouped_gemm.einsum(eqn, a, b, recipe=RNE), x, w, dy)
 
   ins, out = eqn.split("->")

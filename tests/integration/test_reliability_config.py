@@ -3,16 +3,18 @@
 tests/integration/test_plugin_config.py already checks a first set of bad values in-process (backend, targets,
 fallback, switch_scope, rht, quantization; keep sum = layers, keep with scan_layers, switch step = steps,
 negative keep_last, qwix, te) and one CLI exit. This file covers the remaining values and combinations
-in-process, then runs ``python -m maxtext_nvfp4.train`` on three of them (in parallel, with
-``JAX_LOG_COMPILES=1`` so any compilation would show) and checks: exit code 2, the last stderr line is the
-one-line ``MAXTEXT CONFIG ERROR: <key>=<value> ...``, no traceback, nothing compiled or trained, and how
-long it took (measured, printed with ``-s``).
+in-process, then runs the train command (``maxtext_nvfp4.train.cli_main``, what ``python -m maxtext_nvfp4.train``
+exits with) on three of them, one after the other in ONE fresh process (one start-up instead of three;
+test_plugin_config.py checks a real ``python -m maxtext_nvfp4.train`` exit), with ``JAX_LOG_COMPILES=1`` so any
+compilation would show, and checks: exit code 2, stderr is the one line ``maxtext-nvfp4 train: error: <key>=<value>
+...``, no traceback, nothing compiled or trained, and how long it took (from the process start to the case's
+return, measured, printed with ``-s``).
 """
 
+import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -80,8 +82,35 @@ def test_nvfp4_keys_are_not_validated_for_other_quantizations():
   assert c.nvfp4_keep_first_layers == 3
 
 
-# The CLI cases (each a full process start; run in parallel).
+# The CLI cases (one process runs them in turn: a start-up is most of a case's cost).
 CLI_CASES = ["switch_to", "keep_first_beyond", "switch_not_integer"]
+# The child: each case's output between marker lines on both streams, then its exit code and the seconds since
+# the process started (the first case's include the imports).
+CLI_RUNNER = """
+import json, sys, time
+t0 = time.monotonic()
+from maxtext_nvfp4.train import cli_main
+for case, argv in json.loads(sys.argv[1]):
+  for stream in (sys.stdout, sys.stderr):
+    print("@@case " + case, file=stream, flush=True)
+  rc = cli_main(argv)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  print("@@rc %s %d %.3f" % (case, rc, time.monotonic() - t0), flush=True)
+"""
+
+
+def _by_case(text: str) -> dict[str, str]:
+  """A stream split at the child's ``@@case`` lines; what came before the first case belongs to it."""
+  parts = text.split("@@case ")
+  out = {}
+  for part in parts[1:]:
+    case, _, rest = part.partition("\n")
+    out[case] = rest
+  first = parts[1].partition("\n")[0] if len(parts) > 1 else None
+  if first is not None:
+    out[first] = parts[0] + out[first]
+  return out
 # Words that appear only once MaxText got past the config: model build, compilation, training.
 PAST_CONFIG = ("Compiling", "compiling", "completed step", "decoder GEMM precisions", "Total TFLOPs", "Traceback")
 
@@ -90,17 +119,20 @@ PAST_CONFIG = ("Compiling", "compiling", "completed step", "decoder GEMM precisi
 def cli_runs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("cfg"))
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_LOG_COMPILES": "1"}
-  procs = {}
-  for case in CLI_CASES:
-    argv = tiny_argv(out, run_name=case, quantization="nvfp4", skip_jax_distributed_system=True, **BAD[case][0])[1:]
-    procs[case] = (time.monotonic(), subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "maxtext_nvfp4.train", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env))
+  cases = [(case, tiny_argv(out, run_name=case, quantization="nvfp4", skip_jax_distributed_system=True,
+                            **BAD[case][0])[1:]) for case in CLI_CASES]
+  p = subprocess.run([sys.executable, "-c", CLI_RUNNER, json.dumps(cases)], capture_output=True, text=True,
+                     env=env, timeout=600, check=False)
+  assert p.returncode == 0, p.stderr[-3000:]
+  stdout, stderr = _by_case(p.stdout), _by_case(p.stderr)
   results = {}
-  for case, (t0, p) in procs.items():
-    stdout, stderr = p.communicate(timeout=600)
-    results[case] = dict(rc=p.returncode, stdout=stdout, stderr=stderr, seconds=time.monotonic() - t0)
-  print("\nconfig-error process wall times (s, all started together on a shared machine):",
+  for line in p.stdout.splitlines():
+    if line.startswith("@@rc "):
+      _, case, rc, seconds = line.split()
+      results[case] = dict(rc=int(rc), stdout=stdout[case].replace(line + "\n", ""), stderr=stderr[case],
+                           seconds=float(seconds))
+  assert sorted(results) == sorted(CLI_CASES), p.stdout[-3000:]
+  print("\nconfig-error cases, seconds since the process started (a shared machine):",
         {c: round(r["seconds"], 1) for c, r in results.items()})
   return results
 
