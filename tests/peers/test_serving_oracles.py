@@ -48,7 +48,7 @@ import export_families
 import peer_support
 
 FAMILIES = {"llama2": {"quantization": "nvfp4", "nvfp4_keep_last_layers": 1}, "qwen3": {}, "qwen3_moe": {},
-            "mixtral": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}}
+            "mixtral": {}, "gemma": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}}
 MOE = ("qwen3_moe", "mixtral", "deepseek")  # transformers fuses their experts
 LOGITS_RTOL = 1e-5  # of max |logits|; see the module docstring
 

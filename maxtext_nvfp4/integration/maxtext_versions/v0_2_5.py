@@ -15,6 +15,8 @@ and DeepSeek mappings and their hook chains; ``tensor_handling.stacked_axes``: a
 (experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``).
 """
 
+import dataclasses
+
 from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, LogNoise, MaxTextVersion, Touch
 
 _TYPES = "maxtext.configs.types"
@@ -170,6 +172,16 @@ ADAPTER = MaxTextVersion(
         "mixtral": HfConversion(
             names_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"reshape_and_transpose_attention", "scale_query_layer", "reshape_kernel"})),
+        # gemma (v1): MaxText has no conversion of its own; its layer is llama's but for the norms' names
+        # (pre_self_attention_norm, pre_ffw_norm): llama's names and hooks (query * sqrt(head_dim), transposes;
+        # adjust_rope dropped as for llama), plus gemma2's norm scales - 1 and embedding / sqrt(hidden) (fp32)
+        "gemma": dataclasses.replace(
+            _LLAMA, hooks=_LLAMA.hooks | {"scale_rmsnorm_layer", "pad_hf_embedding_layer"},
+            renames=(("-pre_self_attention_norm-", "-pre_self_attention_layer_norm-"),
+                     ("-pre_ffw_norm-", "-post_self_attention_layer_norm-")),
+            borrowed_hooks_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            borrowed_hooks=(("-scale", "params-decoder-decoder_norm-scale"),
+                            ("params-token_embedder-embedding", "params-token_embedder-embedding"))),
         # gemma2: norm scales - 1, embedding / sqrt(hidden) (fp32) cut to the vocab, query * sqrt(head_dim)
         "gemma2": HfConversion(
             names_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
