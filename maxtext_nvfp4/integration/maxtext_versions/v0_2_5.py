@@ -82,7 +82,7 @@ TOUCHES: tuple[Touch, ...] = (
     Touch(module=_METRIC_LOGGER, symbol="_prepare_metrics_for_json",
           use="called by the replaced write_metrics_locally (same JSON records as MaxText)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING",
-          use="MaxText -> HF names of llama2/mistral blocks for the NVFP4 export (hf_conversion)"),
+          use="MaxText -> HF names of llama2/mistral/gemma blocks for the NVFP4 export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
           use="MaxText -> HF layouts (minus adjust_rope) of llama2/mistral blocks (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="QWEN_MAXTEXT_TO_HF_PARAM_MAPPING",
@@ -97,7 +97,8 @@ TOUCHES: tuple[Touch, ...] = (
           use="MaxText -> HF names of gemma2 blocks (a local and a global HF layer each) for the export"
               " (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
-          use="MaxText -> HF layouts of gemma2 blocks: norms - 1, embedding / sqrt(d), query scale (hf_conversion)"),
+          use="MaxText -> HF layouts of gemma2 blocks: norms - 1, embedding / sqrt(d), query scale; gemma (v1)"
+              " borrows its norm and embedding hooks (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING",
           use="MaxText -> HF names of gemma3 blocks (its text model's) for the export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
