@@ -26,6 +26,7 @@ FAMILIES = {
     "qwen3_moe": ("qwen3-30b-a3b", _MOE),
     "mixtral": ("mixtral-8x7b", {**_MOE, "head_dim": 16}),  # MaxText's mixtral hook needs heads x head_dim = emb
     # Gemma: a window of 8 (< the 16-32 test tokens) and caps that bite (scores, logits are O(1)-O(3) here)
+    "gemma": ("gemma-2b", {}),
     "gemma2": ("gemma2-2b", {"base_num_decoder_layers": 1, "sliding_window_size": 8,  # 1 MaxText layer = 2 HF
                              "attn_logits_soft_cap": 1.0, "final_logits_soft_cap": 2.0}),
     "gemma3": ("gemma3-4b", {"base_num_decoder_layers": 6, "sliding_window_size": 8}),  # 5 sliding + 1 global

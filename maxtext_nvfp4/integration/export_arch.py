@@ -13,6 +13,9 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
   qwen3_moe      Qwen3MoeForCausalLM    experts mlp.experts.<e>.{gate,up,down}_proj, router mlp.gate;
                                         norm_topk_prob true (MaxText softmaxes over the top-k)
   mixtral        MixtralForCausalLM     experts block_sparse_moe.experts.<e>.{w1,w3,w2}, router block_sparse_moe.gate
+  gemma          GemmaForCausalLM       (1 + w) norms, sqrt(d)-scaled tied embeddings, gelu-tanh; no sandwich norms,
+                                        soft-caps or window (MaxText has no gemma conversion: llama's names and
+                                        hooks with gemma's norm names, plus gemma2's norm and embedding hooks)
   gemma2         Gemma2ForCausalLM      one MaxText layer = HF layers 2i (sliding window) and 2i+1 (global)
   gemma3         Gemma3ForCausalLM      text-only (model_type gemma3_text); MaxText's layer types (5 sliding, 1
                                         global), its query_pre_attn_scalar, local RoPE base, linear RoPE factor
@@ -21,14 +24,14 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
                                         mlp.experts.<e>, mlp.shared_experts, router mlp.gate (+ its
                                         e_score_correction_bias: sigmoid routing, groups, routed_scaling_factor)
 
-Gemma (both): MaxText stores RMSNorm scales s where HF stores w = s - 1 (HF applies 1 + w) and the
+Gemma (all three): MaxText stores RMSNorm scales s where HF stores w = s - 1 (HF applies 1 + w) and the
 embedding table E pre-multiplied by sqrt(d) (HF multiplies at lookup): MaxText's conversion hooks do
 both. Tied logits: MaxText h @ bf16(E)^T / sqrt(d) (normalize_embedding_logits) = HF's h @ E_hf^T when
 E_hf = E / sqrt(d) -- exact when sqrt(d) is a power of two; otherwise the hook's divisor (gemma3: bf16
 sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inputs or the logits off by
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
-Every other block (gemma, gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
+Every other block (gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
 ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
 3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
 biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
@@ -112,6 +115,10 @@ def _llama(config, dims):
 
 def _cap(value) -> float | None:
   return float(value) if float(value or 0) > 0 else None
+
+
+def _gemma(config, dims):
+  return {"hidden_activation": "gelu_pytorch_tanh", "attention_bias": False}
 
 
 def _gemma2(config, dims):
@@ -199,6 +206,7 @@ FAMILIES: dict[str, ExportFamily] = {
                               extra_config=_qwen3_moe),
     "mixtral": ExportFamily(architecture="MixtralForCausalLM", model_type="mixtral", moe_block="block_sparse_moe",
                             expert_linears=("w1", "w3", "w2"), extra_config=_mixtral),
+    "gemma": ExportFamily(architecture="GemmaForCausalLM", model_type="gemma", gemma=True, extra_config=_gemma),
     "gemma2": ExportFamily(architecture="Gemma2ForCausalLM", model_type="gemma2", layers_per_block=2, gemma=True,
                            extra_config=_gemma2),
     "gemma3": ExportFamily(architecture="Gemma3ForCausalLM", model_type="gemma3_text", qk_norm=True,
@@ -231,20 +239,25 @@ def family(config) -> ExportFamily:
 
 
 def _gemma_problems(config) -> list[str]:
-  """What a Gemma block's HF architecture cannot express (MaxText: models/gemma2.py, gemma3.py)."""
+  """What a Gemma block's HF architecture cannot express (MaxText: models/gemma.py, gemma2.py, gemma3.py)."""
   problems = []
+  v1 = decoder_block(config) == "gemma"
   if not (_get(config, "logits_via_embedding") and _get(config, "normalize_embedding_logits")):
     # MaxText's Gemma conversions map no lm_head, and its table holds E * sqrt(d): only h @ E^T / sqrt(d) is HF's
     problems.append("logits_via_embedding=false or normalize_embedding_logits=false (Gemma's tied logits are"
                     " h @ E^T / sqrt(emb_dim))")
   for key in ("use_post_attn_norm", "use_post_ffw_norm"):
-    if not _get(config, key):
+    if not v1 and not _get(config, key):
       problems.append(f"{key}=false (HF's Gemma layers always have it)")
   if float(config.normalization_layer_epsilon) != 1e-6:
     # the layers' norms are RMSNorm(...) without epsilon (its default 1e-6); HF uses rms_norm_eps for all
     problems.append(f"normalization_layer_epsilon={config.normalization_layer_epsilon} (the Gemma layers' norms"
                     " use 1e-6)")
-  if int(_get(config, "sliding_window_size") or 0) <= 0:
+  if v1 and float(_get(config, "final_logits_soft_cap") or 0) != 0:
+    # (gemma.py's layers pass no attn_logits_soft_cap to their Attention: that key does nothing there)
+    problems.append(f"final_logits_soft_cap={_get(config, 'final_logits_soft_cap')} (GemmaForCausalLM has no"
+                    " soft-capping)")
+  if not v1 and int(_get(config, "sliding_window_size") or 0) <= 0:
     problems.append(f"sliding_window_size={_get(config, 'sliding_window_size')} (the local layers need a window)")
   local, full = _thetas(config)
   if decoder_block(config) == "gemma2" and local != full:
@@ -373,6 +386,8 @@ def forward_shape(config, dims: dict) -> hf_forward.DecoderShape:
       qk_norm=fam.qk_norm, attention_bias=fam.attention_bias, moe=moe, mla=mla)
   if not fam.gemma:
     return shape
+  if decoder_block(config) == "gemma":  # no sandwich norms, soft-caps, window; 1 / sqrt(head_dim)
+    return dataclasses.replace(shape, norm_plus_one=True, scale_embeddings=True, activation="gelu_tanh")
   extra = fam.extra_config(config, dims)
   types = extra["layer_types"]
   return dataclasses.replace(

@@ -125,12 +125,21 @@ class Converter:
     real = {}  # the mapping's name of each checkpoint parameter -> its checkpoint key
     for key in self.reader.shapes:
       alias = next((to + key[len(frm):] for frm, to in conv.aliases if key.startswith(frm)), key)
+      for frm, to in conv.renames:
+        alias = alias.replace(frm, to)
       real[alias] = key
     present = set(real)
     unmapped = sorted(present - set(names))
     if unmapped:
       raise checkpoint.CheckpointError(f"checkpoint {items_dir}: {unmapped[0]} ({len(unmapped)} parameters) has no"
                                        f" Hugging Face name in MaxText's {block} conversion: not exportable")
+    if conv.borrowed_hooks_fn:
+      lent = getattr(module, conv.borrowed_hooks_fn)(view, config, scan_layers=scan, saving_to_hf=True)
+      hooks = {k: (v if isinstance(v, list) else [v]) for k, v in hooks.items()}
+      for key in names:
+        for suffix, src in conv.borrowed_hooks:
+          if key.endswith(suffix):
+            hooks[key] = hooks.get(key, []) + (lent[src] if isinstance(lent[src], list) else [lent[src]])
     self.hooks = {}
     for key, chain in hooks.items():
       if key not in present:  # e.g. gemma3's vision-tower hooks for a text-only checkpoint

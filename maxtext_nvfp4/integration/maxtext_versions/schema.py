@@ -43,6 +43,14 @@ class HfConversion:
   # (checkpoint key prefix, the prefix the mapping names it under): a variable whose Flax collection moved
   # after the mapping was written (MaxText's own restore aliases it the same way)
   aliases: tuple[tuple[str, str], ...] = ()
+  # (checkpoint key part, the part the mapping names it with): a block whose modules are named otherwise
+  # than those of the block the mapping was written for (gemma: pre_ffw_norm where llama has
+  # post_self_attention_layer_norm); each is replaced wherever it occurs in a key
+  renames: tuple[tuple[str, str], ...] = ()
+  # a second hooks function of param_mapping whose hooks (at ``borrowed_hooks``' second key) are appended to
+  # the chain of every mapping key ending with the first (gemma: gemma2's norm - 1 and embedding / sqrt(d))
+  borrowed_hooks_fn: str = ""
+  borrowed_hooks: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -15,6 +15,8 @@ and DeepSeek mappings and their hook chains; ``tensor_handling.stacked_axes``: a
 (experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``).
 """
 
+import dataclasses
+
 from maxtext_nvfp4.integration.maxtext_versions.schema import HfConversion, LogNoise, MaxTextVersion, Touch
 
 _TYPES = "maxtext.configs.types"
@@ -80,7 +82,7 @@ TOUCHES: tuple[Touch, ...] = (
     Touch(module=_METRIC_LOGGER, symbol="_prepare_metrics_for_json",
           use="called by the replaced write_metrics_locally (same JSON records as MaxText)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_MAPPING",
-          use="MaxText -> HF names of llama2/mistral blocks for the NVFP4 export (hf_conversion)"),
+          use="MaxText -> HF names of llama2/mistral/gemma blocks for the NVFP4 export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN",
           use="MaxText -> HF layouts (minus adjust_rope) of llama2/mistral blocks (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="QWEN_MAXTEXT_TO_HF_PARAM_MAPPING",
@@ -95,7 +97,8 @@ TOUCHES: tuple[Touch, ...] = (
           use="MaxText -> HF names of gemma2 blocks (a local and a global HF layer each) for the export"
               " (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
-          use="MaxText -> HF layouts of gemma2 blocks: norms - 1, embedding / sqrt(d), query scale (hf_conversion)"),
+          use="MaxText -> HF layouts of gemma2 blocks: norms - 1, embedding / sqrt(d), query scale; gemma (v1)"
+              " borrows its norm and embedding hooks (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING",
           use="MaxText -> HF names of gemma3 blocks (its text model's) for the export (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="GEMMA3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
@@ -170,6 +173,16 @@ ADAPTER = MaxTextVersion(
         "mixtral": HfConversion(
             names_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"reshape_and_transpose_attention", "scale_query_layer", "reshape_kernel"})),
+        # gemma (v1): MaxText has no conversion of its own; its layer is llama's but for the norms' names
+        # (pre_self_attention_norm, pre_ffw_norm): llama's names and hooks (query * sqrt(head_dim), transposes;
+        # adjust_rope dropped as for llama), plus gemma2's norm scales - 1 and embedding / sqrt(hidden) (fp32)
+        "gemma": dataclasses.replace(
+            _LLAMA, hooks=_LLAMA.hooks | {"scale_rmsnorm_layer", "pad_hf_embedding_layer"},
+            renames=(("-pre_self_attention_norm-", "-pre_self_attention_layer_norm-"),
+                     ("-pre_ffw_norm-", "-post_self_attention_layer_norm-")),
+            borrowed_hooks_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            borrowed_hooks=(("-scale", "params-decoder-decoder_norm-scale"),
+                            ("params-token_embedder-embedding", "params-token_embedder-embedding"))),
         # gemma2: norm scales - 1, embedding / sqrt(hidden) (fp32) cut to the vocab, query * sqrt(head_dim)
         "gemma2": HfConversion(
             names_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="GEMMA2_MAXTEXT_TO_HF_PARAM_HOOK_FN",
