@@ -47,7 +47,13 @@ WARM_ARCHS = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3", "Qwen3Mo
 
 
 def _one_line(e: BaseException) -> str:
+  """``Type: first line``; for pydantic's ValidationError (VllmConfig wraps a from_config ValueError in one) the
+  first error's own message."""
   text = str(e).strip().splitlines()
+  try:
+    text = e.errors()[0]["msg"].strip().splitlines() or text  # pydantic
+  except (AttributeError, IndexError, KeyError, TypeError):
+    pass
   return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
