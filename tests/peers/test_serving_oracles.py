@@ -31,6 +31,18 @@ and runs ``peer_side/serving_run.py`` once for all of them. The checks are funct
   compressed-tensors export: the same tensor names, every tensor bit for bit (global scales: ``[1]`` in ours
   as compressed-tensors writes them, ``[]`` in the converter's output, which keeps ModelOpt's scalars), the
   same quantization_config (but its ``version``, the converter's own release).
+* vLLM 0.33.0's own config parsing (``peer_side/vllm_config_run.py``: ``ModelConfig``, ``VllmConfig``'s
+  ``get_quant_config``, and its model class built on the meta device, every layer asking
+  ``get_quant_method`` with vLLM's prefixes and fused layers) accepts every export -- both formats, W4A4 and
+  ``--weights-only`` (llama2, qwen3_moe), and a ModelOpt export whose config.json has no quantization_config
+  (vLLM then reads hf_quant_config.json) -- resolves ``modelopt_fp4`` / ``compressed-tensors``, and picks for each
+  vLLM layer exactly what the export holds: NVFP4 (ModelOpt: ``ModelOptLinearMethod`` with
+  ``kNvfp4Static`` weights and ``kNvfp4Dynamic`` activations, or none for W4A16; ``ModelOptNvFp4FusedMoE``;
+  compressed-tensors: ``CompressedTensorsW4A4Fp4``, ``CompressedTensorsW4A4Nvfp4MoEMethod``, ``use_a16`` for
+  weights only) for a layer whose every shard is an NVFP4 tensor, unquantized for the rest (lm_head,
+  embeddings, routers, kept bf16 layers), and every NVFP4 tensor lands in an NVFP4 layer. The CPU has no NVFP4
+  kernel: the only error a layer may report is vLLM's missing-kernel one, after the choice (read from the
+  chosen method's ``__init__``). Three broken exports must fail it (``test_vllm_check_catches_a_broken_export``).
 """
 
 from __future__ import annotations
@@ -118,7 +130,7 @@ def exports(tmp_path_factory):
     np.save(os.path.join(out, "tokens.npy"), tokens)
     jobs.append({"family": family, "modelopt": dirs["modelopt"], "compressed_tensors": dirs["compressed-tensors"],
                  "trained": trained, "tokens": os.path.join(out, "tokens.npy")})
-    made[family] = {"dirs": dirs, "model": model, "tokens": tokens}
+    made[family] = {"dirs": dirs, "model": model, "tokens": tokens, "source": d}
   answers = run_serving_peer(jobs, work)
   for family, (peer, report) in answers.items():
     made[family].update(peer=peer, report=report)
@@ -277,3 +289,158 @@ def test_transformers_check_catches_a_layout_error(exports):
   with pytest.raises(AssertionError, match="transformers vs ours"):
     check_transformers_matches_our_forward(e["dirs"]["modelopt"], "qwen3_moe", e["peer"], e["report"], e["model"],
                                            tensors, e["tokens"])
+
+
+# ---- vLLM's config parsing (peer_side/vllm_config_run.py) ------------------------------------------------------
+
+FORMATS = ("modelopt", "compressed-tensors")
+WEIGHTS_ONLY = ("llama2", "qwen3_moe")  # also exported --weights-only (W4A16_NVFP4 / NVFP4A16): a dense and an MoE family
+QUANTIZATION = {"modelopt": "modelopt_fp4", "compressed-tensors": "compressed-tensors"}  # vLLM's method names
+# the method vLLM must pick for an NVFP4 layer, per (format, layer kind)
+NVFP4_METHODS = {("modelopt", "linear"): "ModelOptLinearMethod", ("modelopt", "experts"): "ModelOptNvFp4FusedMoE",
+                 ("compressed-tensors", "linear"): "CompressedTensorsW4A4Fp4",
+                 ("compressed-tensors", "experts"): "CompressedTensorsW4A4Nvfp4MoEMethod"}
+# the only per-layer errors allowed: vLLM's own "no kernel on this platform" (the CPU has no NVFP4 kernel)
+NO_KERNEL = ("Failed to find a kernel that can implement the NVFP4 linear layer",  # W4A4 linear
+             "Forced NVFP4 kernel MarlinNvFp4LinearKernel is not supported",  # W4A16 linear (Marlin: CUDA only)
+             "No NvFp4 MoE backend supports the deployment configuration")  # MoE experts, either
+
+
+def _edit_quant_config(src, dst, edit):
+  """A copy of export ``src`` whose quantization config (config.json's, and hf_quant_config.json's if any) is
+  ``edit(dict)``-ed in place: a deliberately broken export (only the JSON changes; vLLM's parsing reads no tensor)."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(src, dst)
+  for name, key in (("config.json", "quantization_config"), ("hf_quant_config.json", "quantization")):
+    path = os.path.join(dst, name)
+    if os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        cfg = json.load(f)
+      if key in cfg:
+        edit(cfg[key])
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump(cfg, f, indent=2)
+  return dst
+
+
+def _drop(key, value):
+  def edit(q):
+    if key in q:
+      q[key] = [v for v in q[key] if v != value]
+  return edit
+
+
+def _no_config_json_quantization(src, dst):
+  """ModelOpt's older layout: the quantization config only in hf_quant_config.json (vLLM's second choice)."""
+  import shutil  # pylint: disable=import-outside-toplevel
+  shutil.copytree(src, dst)
+  with open(os.path.join(dst, "config.json"), encoding="utf-8") as f:
+    cfg = json.load(f)
+  del cfg["quantization_config"]
+  with open(os.path.join(dst, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(cfg, f, indent=2)
+  return dst
+
+
+# name -> (family, format, how it is broken, the message the check must fail with)
+BROKEN = {
+    "unknown_quant_algo": ("llama2", "modelopt", lambda q: q.update(quant_algo="NVFP4_AWQ"), "vLLM refused"),
+    "router_not_ignored": ("qwen3_moe", "compressed-tensors", _drop("ignore", "model.layers.0.mlp.gate"),
+                           "model.layers.0.mlp.gate"),
+    "half_excluded_fused_layer": ("llama2", "modelopt", lambda q: [_drop(k, "model.layers.1.self_attn.k_proj")(q)
+                                                                   for k in ("ignore", "exclude_modules")],
+                                  "vLLM refused"),
+}
+
+
+@pytest.fixture(scope="module")
+def vllm_parsed(exports, tmp_path_factory):
+  """``{name: (export dir, format, vLLM's report)}``: every export of :func:`exports`, ``--weights-only`` exports
+  of WEIGHTS_ONLY, the hf_quant_config.json-only variant and the BROKEN copies, parsed by one vLLM process."""
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  work = str(tmp_path_factory.mktemp("vllm"))
+  cases = {f"{family}-{fmt}": (e["dirs"][fmt], fmt) for family, e in exports.items() for fmt in FORMATS}
+  for family in WEIGHTS_ONLY:
+    d = exports[family]["source"]
+    for fmt in FORMATS:
+      out = os.path.join(work, f"{family}-{fmt}-weights-only")
+      assert export.cli_main([d["ckpt"], "--out", out, "--format", fmt, "--weights-only", "--no-tokenizer",
+                              *d["overrides"]]) == 0, (family, fmt)
+      cases[f"{family}-{fmt}-weights-only"] = (out, fmt)
+  cases["qwen3_moe-modelopt-hf_quant_config_only"] = (
+      _no_config_json_quantization(exports["qwen3_moe"]["dirs"]["modelopt"], os.path.join(work, "legacy")), "modelopt")
+  for name, (family, fmt, edit, _) in BROKEN.items():
+    cases[f"broken-{name}"] = (_edit_quant_config(exports[family]["dirs"][fmt], os.path.join(work, name), edit), fmt)
+  jobs = os.path.join(work, "jobs.json")
+  with open(jobs, "w", encoding="utf-8") as f:
+    json.dump([{"name": n, "dir": d} for n, (d, _) in cases.items()], f)
+  peer_support.run_peer("vllm_config_run.py", jobs, os.path.join(work, "vllm.json"))
+  with open(os.path.join(work, "vllm.json"), encoding="utf-8") as f:
+    reports = json.load(f)
+  return {n: (d, fmt, reports[n]) for n, (d, fmt) in cases.items()}
+
+
+def check_vllm_parses(export_dir, fmt, report):
+  """vLLM accepts ``export_dir`` and quantizes exactly its NVFP4 tensors (module docstring); returns
+  ``{vLLM prefix: method}`` of the NVFP4 layers."""
+  assert report["error"] is None, f"vLLM refused {export_dir}: {report['error']}"
+  assert report["quantization"] == QUANTIZATION[fmt], report["quantization"]
+  t = read_export(export_dir)
+  leaf = {"modelopt": (".weight_scale_2", ".input_scale"), "compressed-tensors": (".weight_packed", ".input_global_scale")}
+  nvfp4 = {k.rsplit(".", 1)[0] for k in t if k.endswith(leaf[fmt][0])}
+  with_act = {k.rsplit(".", 1)[0] for k in t if k.endswith(leaf[fmt][1])}
+  assert nvfp4 and with_act in (set(), nvfp4), "an export is all W4A4 or all W4A16"
+  weights_only = not with_act
+  mapping = report["packed_modules_mapping"]
+  covered, chosen = set(), {}
+  for prefix, rec in report["layers"].items():
+    assert rec["kernel_error"] is None or rec["kernel_error"].split(": ", 1)[1].startswith(NO_KERNEL), (prefix, rec)
+    if rec["layer"] == "Attention":  # its KV-cache scale method (kv_cache_quant_algo null: no scales to load)
+      continue
+    if rec["layer"] == "VocabParallelEmbedding":
+      assert rec["method"] is None, (prefix, rec)
+      continue
+    if rec["layer"] == "RoutedExperts":
+      kind, shards = "experts", {n for n in nvfp4 if n.startswith(prefix + ".")}
+      quantized = bool(shards)
+    else:
+      parent, _, name = prefix.rpartition(".")
+      kind, shards = "linear", {f"{parent}.{s}" if parent else s for s in mapping.get(name, [name])}
+      assert shards & nvfp4 in (set(), shards), f"{prefix}: some shards NVFP4, some not"
+      quantized = shards <= nvfp4
+    if not quantized:
+      assert rec["method"] in ("UnquantizedLinearMethod", None), f"vLLM quantizes {prefix} ({rec['method']}) but" \
+          " the export holds it in bf16"
+      continue
+    assert rec["method"] == NVFP4_METHODS[(fmt, kind)], (prefix, rec)
+    if rec["method"] == "ModelOptLinearMethod":
+      assert (rec["weight"], rec["activation"]) == ("kNvfp4Static", None if weights_only else "kNvfp4Dynamic"), rec
+    else:
+      assert rec["use_a16"] is weights_only, (prefix, rec)
+    covered |= shards
+    chosen[prefix] = rec["method"]
+  assert covered == nvfp4, f"NVFP4 tensors no vLLM layer quantizes: {sorted(nvfp4 - covered)[:4]}"
+  return chosen
+
+
+@pytest.mark.parametrize("case", [f"{family}-{fmt}" for family in FAMILIES for fmt in FORMATS]
+                         + [f"{family}-{fmt}-weights-only" for family in WEIGHTS_ONLY for fmt in FORMATS]
+                         + ["qwen3_moe-modelopt-hf_quant_config_only"])
+def test_vllm_config_parsing_accepts_our_export(vllm_parsed, case):
+  export_dir, fmt, report = vllm_parsed[case]
+  chosen = check_vllm_parses(export_dir, fmt, report)
+  assert report["versions"]["vllm"].startswith("0.33.0"), report["versions"]
+  print(f"{case}: vLLM {report['quantization']} ({report['model_class']}), {len(chosen)} NVFP4 layers:"
+        f" {sorted(set(chosen.values()))}")
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_vllm_check_catches_a_broken_export(vllm_parsed, name):
+  """A ModelOpt quant_algo vLLM does not know, a router left out of compressed-tensors' ignore list (vLLM would
+  quantize the bf16 router), one shard of a fused q/k/v left out of the exclusions (vLLM refuses mixed shards):
+  each fails the check above."""
+  export_dir, fmt, report = vllm_parsed[f"broken-{name}"]
+  with pytest.raises(AssertionError, match=BROKEN[name][3]) as caught:
+    check_vllm_parses(export_dir, fmt, report)
+  print(f"broken {name}: {str(caught.value).splitlines()[0]}")

@@ -12,7 +12,8 @@ extension fails loudly instead of being faked.
 vLLM: ``nvfp4_emulation_utils.py`` is loaded by file path; the four vLLM modules it imports for its GPU
 paths get stand-ins (platform: not CUDA; scalar types: float4_e2m1f.max() = 6.0; Triton: ``jit`` returns
 the function unchanged, so the kernels are defined and never launched; custom-op registration: a no-op).
-Its CPU decode (``break_fp4_bytes``, ``dequantize_to_dtype``) runs unchanged.
+Its CPU decode (``break_fp4_bytes``, ``dequantize_to_dtype``) runs unchanged. vLLM's config parsing runs the
+real package from ``.peers/vllm_site`` in a process of its own (:func:`vllm_env`).
 """
 
 import importlib.util
@@ -98,3 +99,16 @@ def load_vllm_nvfp4():
   sys.modules[name] = module
   spec.loader.exec_module(module)
   return module
+
+
+def vllm_env() -> dict:
+  """The environment of vLLM's config parsing (peer_side/vllm_config_run.py): ``.peers/vllm_site`` first on
+  PYTHONPATH (vLLM's sources, transformers 5.20.2 and compressed-tensors 0.17.0 at vLLM's pins, before the venv's
+  5.24.0 / 0.20.1), the CPU platform (``VLLM_TARGET_DEVICE=cpu``: ``platforms/__init__.py`` then skips the CUDA
+  probe), vLLM's cache (the registry's architecture inspections) inside ``.peers``, nothing online."""
+  site = PEERS / "vllm_site"
+  if not (site / "vllm" / "config" / "model.py").is_file():
+    raise FileNotFoundError(f"{site}: vLLM's sources missing; run scripts/setup_peers.sh")
+  return {"PYTHONPATH": str(site), "VLLM_TARGET_DEVICE": "cpu", "VLLM_CACHE_ROOT": str(PEERS / "vllm_cache"),
+          "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+          "PYTHONWARNINGS": "ignore"}
