@@ -150,18 +150,16 @@ def _deepseek_dimensions(shapes: dict[str, tuple[int, ...]], param_scan_axis: in
     dims["qk_nope_head_dim"] = nope_v - out[1]
     dims["qk_rope_head_dim"] = wkv_a[1] - dims["kv_lora_rank"]
     dims["q_lora_rank"] = wq_a[1] if wq_a is not None else 0
-  wi = get("dense_layers", "mlp-wi_0-kernel")
-  if wi is not None:
-    dims["mlp_dim"] = wi[1]
-  gate = get("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-gate-kernel")
-  if gate is not None:
-    dims["num_experts"] = gate[1]
-  ewi = get("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-wi_0")
-  if ewi is not None:
-    dims["moe_mlp_dim"] = ewi[2]
-  shared = get("moe_layers", "DeepSeekMoeBlock_0-shared_experts-wi_0-kernel")
-  if shared is not None:
-    dims["shared_mlp_dim"] = shared[1]
+  # dimension <- (part, kernel, axis of that kernel's unscanned shape)
+  for key, (part, name, axis) in {
+      "mlp_dim": ("dense_layers", "mlp-wi_0-kernel", 1),
+      "num_experts": ("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-gate-kernel", 1),
+      "moe_mlp_dim": ("moe_layers", "DeepSeekMoeBlock_0-MoeBlock_0-wi_0", 2),
+      "shared_mlp_dim": ("moe_layers", "DeepSeekMoeBlock_0-shared_experts-wi_0-kernel", 1),
+  }.items():
+    shape = get(part, name)
+    if shape is not None:
+      dims[key] = shape[axis]
   return dims
 
 
