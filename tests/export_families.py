@@ -13,7 +13,8 @@ import numpy as np
 from maxtext_helpers import tiny_argv
 
 # family -> (MaxText model_name, overrides): 2 layers, d=64, GQA 4/2 heads of 32 (sqrt(32) is not a power of
-# two, so a missing query scale shows), MoE 4 experts top-2; gemma3: 6 layers, its first global one is the 6th
+# two, so a missing query scale shows), MoE 4 experts top-2; gemma3: 6 layers, its first global one is the 6th;
+# olmo3: 4 layers, the 4th global
 _DENSE = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 32, "base_mlp_dim": 128,
           "base_num_decoder_layers": 2, "vocab_size": 256, "max_target_length": 32, "per_device_batch_size": 1,
           "override_model_config": True}
@@ -36,6 +37,10 @@ FAMILIES = {
                                     "n_routing_groups": 2, "topk_routing_group": 1, "q_lora_rank": 32,
                                     "kv_lora_rank": 16, "qk_nope_head_dim": 32, "qk_rope_head_dim": 16,
                                     "v_head_dim": 32}),
+    # Olmo 3: 4 layers (3 sliding with a window of 8, then a global one); olmo3-7b's YaRN with a pretraining
+    # context of 16 (factor 4, 64 positions), so its frequencies and cos/sin scale bite within 32 tokens
+    "olmo3": ("olmo3-7b", {"base_num_decoder_layers": 4, "sliding_window_size": 8, "rope_factor": 4,
+                           "original_max_position_embeddings": 16, "max_position_embeddings": 64}),
 }
 
 

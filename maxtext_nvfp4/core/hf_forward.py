@@ -5,22 +5,26 @@ One forward for every exported family (``integration/export_arch.py``), shaped b
     h        = embed_tokens[tokens]  (* sqrt(hidden) in fp32 when scale_embeddings: Gemma)
     per layer i:
       x      = norm(h, input_layernorm)     norm(x, w) = w * x/rms(x)   (norm_plus_one, Gemma: (1 + w) * x/rms(x))
+                                            (post_norms, Olmo 3: no input norm, x = h)
       q,k,v  = x @ W{q,k,v}^T (+ b{q,k,v} when attention_bias)        heads [B, T, H, D]
       q,k    = norm_D(q, q_norm), norm_D(k, k_norm)                               (qk_norm: Qwen3, Gemma 3)
+               (qk_norm_full, Olmo 3: norm over all heads at once, [H * D], before the split into heads)
       q,k    = rope(q), rope(k)        HF's rotate_half: halves layout, theta ** (-2j / D) (/ factor: linear)
+               (rope_yarn, Olmo 3: YaRN's frequencies, halves layout, cos and sin * rope_attention_factor)
       s      = q k^T * attn_scale      (1/sqrt(D); Gemma: query_pre_attn_scalar ** -0.5)
       s      = cap * tanh(s / cap)                                                (attn_softcap: Gemma 2)
       o      = softmax(s, causal, within segment, sliding layers: i - j < window) v   (GQA: k, v repeated)
       a      = o @ Wo^T                (sandwich_norms, Gemma: a = norm(a, post_attention_layernorm))
       h      = h + a
       x      = norm(h, post_attention_layernorm)   (sandwich_norms: norm(h, pre_feedforward_layernorm))
+               (post_norms, Olmo 3: h = h + norm(a, post_attention_layernorm); x = h)
       dense: m = down(act(gate(x)) * up(x))        act: silu, or gelu_tanh (Gemma's gelu_pytorch_tanh)
       MoE:   r = x @ router^T;  (w, e) = top_k(r);  w = softmax(w)               (Mixtral; = Qwen3-MoE's
              softmax -> top_k -> renormalize); m = sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))
              (sigmoid, DeepSeek-V3: s = sigmoid(r); e = top_k(s + e_score_correction_bias) within the
              topk_group groups of best top-2 sums; w = s_e / (sum s_e + 1e-20) * routed_scaling_factor;
              m += shared_experts(x); layers < moe.first_dense are dense)
-      h      = h + m                   (sandwich_norms: h + norm(m, post_feedforward_layernorm))
+      h      = h + m                   (sandwich_norms, post_norms: h + norm(m, post_feedforward_layernorm))
     logits   = norm(h, norm) @ lm_head^T    (lm_head absent: tied to embed_tokens)
     logits   = cap * tanh(logits / cap)                                           (final_softcap: Gemma)
 
@@ -79,8 +83,8 @@ class YarnShape:
   original_max_position_embeddings: int
   beta_fast: float
   beta_slow: float
-  # the softmax scale's mscale ** 2 term: 0.1 * mscale * ln(factor) + 1 (HF's mscale_all_dim)
-  mscale: float
+  # the softmax scale's mscale ** 2 term: 0.1 * mscale * ln(factor) + 1 (HF's mscale_all_dim; MLA only)
+  mscale: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -138,6 +142,15 @@ class DecoderShape:
   rope_linear_factor: float = 1.0
   # multi-head latent attention instead of q/k/v projections (DeepSeek-V3; num_kv_heads = num_heads)
   mla: MlaShape | None = None
+  # Olmo 2/3: no input or pre-MLP norm; each block's output is normed before the residual add
+  # (post_attention_layernorm / post_feedforward_layernorm)
+  post_norms: bool = False
+  # q_norm / k_norm over all heads at once (weights [H * D] / [KV * D], before the split into heads: Olmo 3)
+  qk_norm_full: bool = False
+  # YaRN RoPE (HF's halves layout) in every layer, cos and sin times rope_attention_factor (Olmo 3; the
+  # YarnShape's mscale is not used here); None: default RoPE
+  rope_yarn: YarnShape | None = None
+  rope_attention_factor: float = 1.0
 
 
 def rms_norm(x, w, eps):
@@ -145,17 +158,22 @@ def rms_norm(x, w, eps):
   return w * (x * jax.lax.rsqrt(var + eps))
 
 
-def rope(x, positions, theta, factor=1.0):
+def rope(x, positions, theta, factor=1.0, inv_freq=None, attention_factor=1.0):
   """HF's default RoPE on ``[B, T, H, D]``: ``x * cos + rotate_half(x) * sin``, halves layout; ``factor``:
-  HF's ``linear`` RoPE (inverse frequencies / factor)."""
+  HF's ``linear`` RoPE (inverse frequencies / factor); ``inv_freq`` (e.g. YaRN's) replaces theta's, and cos
+  and sin are multiplied by ``attention_factor`` (HF's ``attention_scaling``)."""
   d = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  if factor != 1.0:
-    inv_freq = inv_freq / np.float32(factor)
+  if inv_freq is None:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if factor != 1.0:
+      inv_freq = inv_freq / np.float32(factor)
   freqs = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
   emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(emb), jnp.sin(emb)
+  if attention_factor != 1.0:
+    cos, sin = cos * np.float32(attention_factor), sin * np.float32(attention_factor)
   x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-  return x * jnp.cos(emb) + jnp.concatenate([-x2, x1], axis=-1) * jnp.sin(emb)
+  return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
 def yarn_inv_freq(dim: int, theta: float, y: YarnShape):
@@ -256,19 +274,21 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
     return y + w[name + ".bias"] if name + ".bias" in w else y
 
   nh, nkv, hd = shape.num_heads, shape.num_kv_heads, shape.head_dim
-  x = norm(h, p + "input_layernorm.weight")
+  x = h if shape.post_norms else norm(h, p + "input_layernorm.weight")
   if shape.mla is not None:
     q, k, v, scale = _mla_qkv(shape.mla, shape.rope_theta, p + "self_attn.", x, positions, linear, norm)
   else:
-    q = linear(p + "self_attn.q_proj", x).reshape(b, t, nh, hd)
-    k = linear(p + "self_attn.k_proj", x).reshape(b, t, nkv, hd)
-    v = linear(p + "self_attn.v_proj", x).reshape(b, t, nkv, hd)
-    if shape.qk_norm:
+    q, k, v = (linear(p + f"self_attn.{n}_proj", x) for n in "qkv")
+    if shape.qk_norm and shape.qk_norm_full:
+      q, k = norm(q, p + "self_attn.q_norm.weight"), norm(k, p + "self_attn.k_norm.weight")
+    q, k, v = q.reshape(b, t, nh, hd), k.reshape(b, t, nkv, hd), v.reshape(b, t, nkv, hd)
+    if shape.qk_norm and not shape.qk_norm_full:
       q = norm(q, p + "self_attn.q_norm.weight")
       k = norm(k, p + "self_attn.k_norm.weight")
     theta = shape.local_rope_theta if sliding and shape.local_rope_theta is not None else shape.rope_theta
     factor = 1.0 if sliding else shape.rope_linear_factor
-    q, k = rope(q, positions, theta, factor), rope(k, positions, theta, factor)
+    inv = None if shape.rope_yarn is None else yarn_inv_freq(hd, theta, shape.rope_yarn)
+    q, k = (rope(y, positions, theta, factor, inv, shape.rope_attention_factor) for y in (q, k))
     k, v = jnp.repeat(k, nh // nkv, axis=2), jnp.repeat(v, nh // nkv, axis=2)
     scale = np.float32(1.0 / np.sqrt(hd) if shape.attn_scale is None else shape.attn_scale)
   scores = softcap(jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale, shape.attn_softcap)
@@ -279,6 +299,9 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
   if shape.sandwich_norms:
     h = h + norm(a, p + "post_attention_layernorm.weight")
     x = norm(h, p + "pre_feedforward_layernorm.weight")
+  elif shape.post_norms:
+    h = h + norm(a, p + "post_attention_layernorm.weight")
+    x = h
   else:
     h = h + a
     x = norm(h, p + "post_attention_layernorm.weight")
@@ -288,7 +311,8 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
 
   if not is_moe_layer(shape, kind):
     y = mlp(p + "mlp.")
-    return h + (norm(y, p + "post_feedforward_layernorm.weight") if shape.sandwich_norms else y)
+    post = shape.sandwich_norms or shape.post_norms
+    return h + (norm(y, p + "post_feedforward_layernorm.weight") if post else y)
   m = shape.moe
   top_w, top_e = _route(m, x @ w[f"{p}{m.block}.gate.weight"].T, w.get(f"{p}{m.block}.gate.e_score_correction_bias"))
   onehot = jax.nn.one_hot(top_e, m.num_experts, dtype=jnp.float32)  # [B, T, K, E]

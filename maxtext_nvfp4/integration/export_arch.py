@@ -23,6 +23,20 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
                                         interleaved pairs; first_k_dense_replace dense layers; experts
                                         mlp.experts.<e>, mlp.shared_experts, router mlp.gate (+ its
                                         e_score_correction_bias: sigmoid routing, groups, routed_scaling_factor)
+  olmo3          Olmo3ForCausalLM       post-norm-only layers (post_attention_layernorm, post_feedforward_layernorm;
+                                        no input norm); q_norm / k_norm over all heads at once ([H * D]); MaxText's
+                                        layer types (3 sliding, 1 global, per models/olmo3.py) as layer_types;
+                                        default or YaRN RoPE, written for both layer types (below)
+
+Olmo 3's RoPE: MaxText's olmo3 block builds one rotary embedding for every layer (models/olmo3.py: YaRN on the
+sliding layers too, with rope_type yarn), while HF's Olmo3Config reads a legacy ``rope_scaling`` into
+``rope_parameters["full_attention"]`` only. The export writes ``rope_parameters`` per layer type, both equal
+to MaxText's (YaRN: factor, original_max_position_embeddings, beta_fast/slow, truncate, and its cos/sin
+scale as an explicit ``attention_factor``: 0.1 ln(factor) + 1 with rope_attention_scaling, else 1), so HF
+and vLLM (its Transformers backend runs HF's Olmo3 modeling) compute what MaxText trained. Default RoPE:
+the sliding layers' base is local_rope_max_timescale when positive (MaxText's RotaryEmbedding for
+LOCAL_SLIDING layers). MaxText picks the full-width q/k norm by ``model_name`` (olmo3*; any other name builds
+per-head norms, which Olmo3ForCausalLM does not have: refused).
 
 Gemma (all three): MaxText stores RMSNorm scales s where HF stores w = s - 1 (HF applies 1 + w) and the
 embedding table E pre-multiplied by sqrt(d) (HF multiplies at lookup): MaxText's conversion hooks do
@@ -31,7 +45,7 @@ E_hf = E / sqrt(d) -- exact when sqrt(d) is a power of two; otherwise the hook's
 sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inputs or the logits off by
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
-Every other block (gpt_oss, llama4, olmo3, gpt3, ...) is refused in one line naming the supported
+Every other block (gpt_oss, llama4, gpt3, ...) is refused in one line naming the supported
 ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
 3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
 biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
@@ -44,6 +58,7 @@ Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddin
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable
 
 from maxtext_nvfp4.core import hf_forward
@@ -79,6 +94,9 @@ class ExportFamily:
   # DeepSeek-V3: MLA attention, sigmoid routing with a correction bias, shared experts, dense first layers
   # (hf_forward.MlaShape / MoeShape); its settings are checked by _deepseek_problems
   deepseek: bool = False
+  # Olmo 3: post-norm-only layers, full-width q/k norms, sliding/global layer types, default or YaRN RoPE on
+  # every layer (hf_forward.DecoderShape post_norms, qk_norm_full, rope_yarn); checked by _olmo3_problems
+  olmo: bool = False
 
 
 def _get(config, key, default=None):
@@ -167,6 +185,35 @@ def _deepseek(config, dims):
           "num_nextn_predict_layers": 0}
 
 
+def _olmo3_attention_factor(config) -> float:
+  """MaxText's YaRN cos/sin scale (layers/embeddings.py YarnRotaryEmbedding): 0.1 ln(factor) + 1 when
+  rope_attention_scaling and factor > 1, else 1 -- HF's yarn ``attention_factor``."""
+  factor = float(config.rope_factor)
+  return 0.1 * math.log(factor) + 1.0 if _get(config, "rope_attention_scaling") and factor > 1 else 1.0
+
+
+def _olmo3_rope(config) -> tuple[dict, dict]:
+  """(full_attention's, sliding_attention's) ``rope_parameters`` of an olmo3 block (module docstring)."""
+  local, full = _thetas(config)
+  if str(_get(config, "rope_type")) != "yarn":
+    return {"rope_type": "default", "rope_theta": full}, {"rope_type": "default", "rope_theta": local}
+  yarn = {"rope_type": "yarn", "rope_theta": full, "factor": float(config.rope_factor),
+          "original_max_position_embeddings": int(config.original_max_position_embeddings),
+          "beta_fast": float(config.beta_fast), "beta_slow": float(config.beta_slow),
+          "attention_factor": _olmo3_attention_factor(config), "truncate": True}
+  return yarn, dict(yarn)
+
+
+def _olmo3(config, dims):
+  full, sliding = _olmo3_rope(config)
+  out = {"attention_bias": False, "attention_dropout": 0.0, "sliding_window": int(config.sliding_window_size),
+         "layer_types": layer_types(config, dims),
+         "rope_parameters": {"full_attention": full, "sliding_attention": sliding}}
+  if full["rope_type"] == "yarn":  # YaRN's context (vLLM's max_model_len; HF's check of factor against it)
+    out["max_position_embeddings"] = int(config.max_position_embeddings)
+  return out
+
+
 def _gemma3_module():
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
 
@@ -188,13 +235,22 @@ def _thetas(config) -> tuple[float, float]:
 
 
 def layer_types(config, dims) -> list[str]:
-  """HF's ``layer_types`` of a Gemma model: gemma2 alternates (MaxText's layer i = local 2i, global 2i+1);
-  gemma3 follows MaxText's ``gemma3.get_attention_type`` of each layer."""
+  """HF's ``layer_types`` of a Gemma or Olmo 3 model: gemma2 alternates (MaxText's layer i = local 2i, global
+  2i+1); gemma3 follows MaxText's ``gemma3.get_attention_type`` of each layer; olmo3 its
+  ``olmo3.get_attention_type`` -- of layer i unscanned, of i's place in its block of
+  inhomogeneous_layer_cycle_interval layers when scanned (Olmo3ScannableBlock's layers_<k>)."""
+  n = dims["num_decoder_layers"]
   if decoder_block(config) == "gemma2":
-    return ["sliding_attention", "full_attention"] * dims["num_decoder_layers"]
-  g3 = _gemma3_module()
-  return ["sliding_attention" if getattr(g3.get_attention_type(i), "value", "") == "local_sliding" else
-          "full_attention" for i in range(dims["num_decoder_layers"])]
+    return ["sliding_attention", "full_attention"] * n
+  if decoder_block(config) == "olmo3":
+    from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+    get = checkpoint.maxtext_module("maxtext.models.olmo3").get_attention_type
+    cycle = int(config.inhomogeneous_layer_cycle_interval) if _get(config, "scan_layers") else n
+    types = [get(i % cycle) for i in range(n)]
+  else:
+    types = [_gemma3_module().get_attention_type(i) for i in range(n)]
+  return ["sliding_attention" if getattr(t, "value", "") == "local_sliding" else "full_attention" for t in types]
 
 
 FAMILIES: dict[str, ExportFamily] = {
@@ -213,6 +269,8 @@ FAMILIES: dict[str, ExportFamily] = {
                            qk_norm_fixed=True, gemma=True, extra_config=_gemma3),
     "deepseek": ExportFamily(architecture="DeepseekV3ForCausalLM", model_type="deepseek_v3", moe_block="mlp",
                              deepseek=True, extra_config=_deepseek),
+    "olmo3": ExportFamily(architecture="Olmo3ForCausalLM", model_type="olmo3", qk_norm=True, olmo=True,
+                          extra_config=_olmo3),
 }
 
 # blocks refused with a reason of their own (a fact of the HF format, not a missing row)
@@ -308,6 +366,37 @@ def _deepseek_problems(config) -> list[str]:
   return problems
 
 
+def _olmo3_problems(config) -> list[str]:
+  """What Olmo3ForCausalLM cannot express of a MaxText olmo3 block (models/olmo3.py, layers/attentions.py
+  init_rotary_embedding and its q/k norms, layers/embeddings.py YarnRotaryEmbedding)."""
+  problems = []
+  if not str(_get(config, "model_name")).startswith("olmo3"):
+    # attentions.py: GlobalRMSNorm (over all heads) only when model_name starts with olmo3, else per head
+    problems.append(f"model_name={_get(config, 'model_name')} (MaxText builds Olmo 3's full-width q/k norms for"
+                    " olmo3* model names only; others get per-head norms, which Olmo3ForCausalLM does not have)")
+  if not _get(config, "qk_norm_with_scale", True):
+    problems.append("qk_norm_with_scale=false (Olmo3ForCausalLM's q/k norms have weights)")
+  if _get(config, "attention_bias"):
+    problems.append("attention_bias=true (MaxText's olmo3 conversion maps no attention bias)")
+  if int(_get(config, "sliding_window_size") or 0) <= 0:
+    problems.append(f"sliding_window_size={_get(config, 'sliding_window_size')} (the sliding layers need a window)")
+  if _get(config, "scan_layers") and int(config.num_decoder_layers) % int(config.inhomogeneous_layer_cycle_interval):
+    problems.append(f"scan_layers=true with num_decoder_layers={config.num_decoder_layers} not a multiple of"
+                    f" inhomogeneous_layer_cycle_interval={config.inhomogeneous_layer_cycle_interval} (MaxText's"
+                    " scanned olmo3 builds whole blocks only)")
+  if str(_get(config, "rope_type")) == "yarn":
+    if _get(config, "rope_interleave") or _get(config, "rope_pairwise") or not _get(config, "rope_truncate"):
+      # interleaved pairs would need q/k rows permuted (MaxText's olmo3 conversion does not); HF reads truncate
+      # only at the top of rope_parameters, so per-layer-type YaRN is always truncated
+      problems.append(f"rope_interleave={_get(config, 'rope_interleave')},"
+                      f" rope_pairwise={_get(config, 'rope_pairwise')},"
+                      f" rope_truncate={_get(config, 'rope_truncate')} (exports YaRN in HF's halves layout,"
+                      " truncated: rope_interleave=false, rope_truncate=true)")
+    if float(config.rope_factor) < 1:
+      problems.append(f"rope_factor={config.rope_factor} (YaRN needs a factor >= 1)")
+  return problems
+
+
 def check_supported(config) -> ExportFamily:
   """The family, after every config setting the HF architecture cannot express is refused (one line)."""
   fam = family(config)
@@ -317,9 +406,11 @@ def check_supported(config) -> ExportFamily:
     problems.append(f"mlp_activations={_get(config, 'mlp_activations')} (needs [{act}, linear])")
   # gemma3: MaxText's linear factor applies to its global layers only (attentions.py), as HF's full_attention
   linear_ok = decoder_block(config) == "gemma3"
+  yarn_ok = fam.olmo and str(_get(config, "rope_type")) == "yarn"  # olmo3's YaRN: _olmo3_problems
   if fam.deepseek:
     pass  # YaRN: _deepseek_problems
-  elif (str(_get(config, "rope_type")) != "default" or str(_get(config, "model_name")).startswith("llama3.1")
+  elif ((str(_get(config, "rope_type")) != "default" and not yarn_ok)
+      or str(_get(config, "model_name")).startswith("llama3.1")
       or (float(_get(config, "rope_linear_scaling_factor") or 1.0) != 1.0 and not linear_ok)):
     problems.append(f"rope_type={_get(config, 'rope_type')}, model_name={_get(config, 'model_name')},"
                     f" rope_linear_scaling_factor={_get(config, 'rope_linear_scaling_factor')} (only default RoPE"
@@ -345,6 +436,8 @@ def check_supported(config) -> ExportFamily:
     # MaxText's Mixtral hook reshapes every attention kernel to (hidden_size, -1): right only in this case
     problems.append(f"num_query_heads x head_dim = {int(config.num_query_heads) * int(config.head_dim)} != emb_dim"
                     f" {int(config.emb_dim)} (MaxText's mixtral conversion assumes them equal)")
+  if fam.olmo:
+    problems += _olmo3_problems(config)
   if fam.deepseek:
     problems += _deepseek_problems(config)
   elif fam.moe_block is not None:
@@ -384,6 +477,17 @@ def forward_shape(config, dims: dict) -> hf_forward.DecoderShape:
       num_kv_heads=dims["num_kv_heads"], head_dim=dims.get("head_dim", 0),
       rms_norm_eps=float(config.normalization_layer_epsilon), rope_theta=float(config.rope_max_timescale),
       qk_norm=fam.qk_norm, attention_bias=fam.attention_bias, moe=moe, mla=mla)
+  if fam.olmo:
+    extra = fam.extra_config(config, dims)
+    full, sliding = extra["rope_parameters"]["full_attention"], extra["rope_parameters"]["sliding_attention"]
+    yarn = None if full["rope_type"] != "yarn" else hf_forward.YarnShape(
+        factor=full["factor"], original_max_position_embeddings=full["original_max_position_embeddings"],
+        beta_fast=full["beta_fast"], beta_slow=full["beta_slow"])
+    return dataclasses.replace(
+        shape, post_norms=True, qk_norm_full=True, sliding_window=extra["sliding_window"],
+        sliding_layers=tuple(i for i, t in enumerate(extra["layer_types"]) if t == "sliding_attention"),
+        local_rope_theta=sliding["rope_theta"], rope_yarn=yarn,
+        rope_attention_factor=full.get("attention_factor", 1.0))
   if not fam.gemma:
     return shape
   if decoder_block(config) == "gemma":  # no sandwich norms, soft-caps, window; 1 / sqrt(head_dim)

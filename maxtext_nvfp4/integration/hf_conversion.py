@@ -74,8 +74,9 @@ def _renamed(value, old: str, new: str):
   return [_renamed(v, old, new) for v in value] if isinstance(value, list) else value
 
 
-def hf_shape(name: str, dims: dict) -> tuple[int, ...] | None:
-  """The HF shape of tensor ``name`` implied by the checkpoint's dimensions (None: not a known leaf)."""
+def hf_shape(name: str, dims: dict, qk_norm_full: bool = False) -> tuple[int, ...] | None:
+  """The HF shape of tensor ``name`` implied by the checkpoint's dimensions (None: not a known leaf);
+  ``qk_norm_full``: q_norm / k_norm over all heads (Olmo 3: [heads * head_dim]), else per head."""
   parts = name.split(".")
   leaf, kind = parts[-2], parts[-1]
   e, hd = dims["emb_dim"], dims.get("head_dim") or 0  # MLA (DeepSeek): no single head_dim
@@ -87,7 +88,7 @@ def hf_shape(name: str, dims: dict) -> tuple[int, ...] | None:
   if kind == "e_score_correction_bias":
     return (dims.get("num_experts"),)
   if leaf in ("q_norm", "k_norm"):
-    return (hd,)
+    return ((nh if leaf == "q_norm" else nkv) * hd,) if qk_norm_full else (hd,)
   if "kv_lora_rank" in dims:  # MLA (DeepSeek)
     ql, kvl = dims.get("q_lora_rank", 0), dims["kv_lora_rank"]
     qk = dims["qk_nope_head_dim"] + dims["qk_rope_head_dim"]
@@ -121,6 +122,7 @@ class Converter:
     if old:
       names = {k: _renamed(v, old, new) for k, v in names.items()}
     self.items_dir, self.dims = items_dir, dims
+    self.qk_norm_full = export_arch.family(config).olmo
     self.reader = checkpoint.ParamReader(items_dir)
     real = {}  # the mapping's name of each checkpoint parameter -> its checkpoint key
     for key in self.reader.shapes:
@@ -170,7 +172,7 @@ class Converter:
         a = arr
         for axis, i in it.index:
           a = np.take(a, i, axis=axis)
-        target = hf_shape(it.hf_name, self.dims)
+        target = hf_shape(it.hf_name, self.dims, self.qk_norm_full)
         for fn in self.hooks.get(key, []):
           a = fn(a, target)
         a = np.asarray(a, np.float32)

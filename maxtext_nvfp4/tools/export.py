@@ -8,7 +8,7 @@ formats with their sources):
                                compressed-tensors and transformers (dequantize=True, on CPU) load
 
 Both are written from the same quantized tensors (``core.serving_formats``). Which architecture a decoder
-block exports as (llama2, mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma, gemma2, gemma3, deepseek):
+block exports as (llama2, mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma, gemma2, gemma3, deepseek, olmo3):
 ``integration/export_arch.py``;
 names and layouts come from MaxText's own conversion (``integration/hf_conversion.py``). MoE experts are
 per-expert linears, each its own NVFP4 tensor (an expert's gate/up share one global scale, as vLLM fuses

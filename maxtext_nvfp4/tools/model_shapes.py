@@ -9,11 +9,13 @@ Dimensions, from the parameters named as MaxText's checkpoint conversion names t
 ``layers_<i>`` per layer, or ``layers`` with the layer axis at ``param_scan_axis`` when scanned):
 
   vocab_size, emb_dim        ``token_embedder-embedding``           [vocab, emb]
-  num_decoder_layers         the ``layers_<i>`` count, or the query kernel's scan axis
+  num_decoder_layers         the ``layers_<i>`` count, or the query kernel's scan axis (a scanned block of
+                             sub-layers, ``layers-layers_<k>-``: that axis times the sub-layer count)
   num_query_heads, head_dim  ``self_attention-query-kernel``        [emb, heads, head_dim]
   num_kv_heads               ``self_attention-key-kernel``          [emb, kv_heads, head_dim]
   mlp_dim                    ``mlp-wi_0-kernel``                    [emb, mlp]
-                             (gemma2: ``self_attention_local-`` / ``mlp_local-``; its layer is 2 HF layers)
+                             (gemma2: ``self_attention_local-`` / ``mlp_local-``; its layer is 2 HF layers;
+                             olmo3: ``attention-``)
   num_experts, moe_mlp_dim   ``<moe>-gate-kernel`` [emb, experts], ``<moe>-wi_0`` [experts, emb, mlp]
                              (<moe>: ``MoeBlock_0`` in mixtral's layers, ``moe_block`` in qwen3_moe's)
   scan_layers                whether the parameters are stacked (``layers``) or per layer (``layers_<i>``)
@@ -42,7 +44,7 @@ CONFIG_KEY = {"vocab_size": "vocab_size", "emb_dim": "base_emb_dim", "num_decode
 MOE_BLOCKS = ("MoeBlock_0", "moe_block")
 # the attention and MLP modules' names in a decoder layer (gemma2's layer holds a local and a global pair of
 # equal shapes: the local one is read)
-ATTENTION_MODULES = ("self_attention", "self_attention_local")
+ATTENTION_MODULES = ("self_attention", "self_attention_local", "attention")
 MLP_MODULES = ("mlp", "mlp_local")
 
 
@@ -98,12 +100,19 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
     prefix, axis = "params-decoder-layers-", param_scan_axis
   else:
     return dims
+  # a scanned block of sub-layers (olmo3's Olmo3ScannableBlock: layers-layers_<k>-, one per layer of its cycle)
+  subs = {int(m.group(1)) for k in shapes for m in [re.match(r"params-decoder-layers-layers_(\d+)-", k)] if m}
+  if axis is not None and subs:
+    prefix = "params-decoder-layers-layers_0-"
   attn = next((a for a in ATTENTION_MODULES if prefix + a + "-query-kernel" in shapes), ATTENTION_MODULES[0])
   mlp = next((m for m in MLP_MODULES if prefix + m + "-wi_0-kernel" in shapes), MLP_MODULES[0])
   q = shapes.get(prefix + attn + "-query-kernel")
   if q is not None and len(q) == 3 + (axis is not None):
     if axis is not None:
-      dims["num_decoder_layers"] = q[axis]
+      # (a remainder block past the last whole cycle, gemma3's layers_remainder, is not counted: left out)
+      remainder = any(k.startswith("params-decoder-layers_remainder") for k in shapes)
+      if not (subs and remainder):
+        dims["num_decoder_layers"] = q[axis] * max(1, len(subs))
     _, dims["num_query_heads"], dims["head_dim"] = _drop(q, axis)
   k = shapes.get(prefix + attn + "-key-kernel")
   if k is not None and len(k) == 3 + (axis is not None):

@@ -5,12 +5,12 @@ The checkpoints are MaxText's init shapes with seeded values (tests/export_famil
 ground truth is MaxText's forward (``model.apply`` of its model, fp32) of the checkpoint against our HF-order
 forward (``core.hf_forward``, what ``eval-quantized`` runs and what the peer oracles check against
 transformers) of the checkpoint converted by MaxText's own mappings: equal to 2e-5 of max|logits| (fp32
-op-order differences; measured <= 2.2e-6; gemma 9.2e-7). One exception, MaxText's: with tied embeddings its logits use
-the embedding table cast to bf16 (``embeddings.attend_on_embedding``), so ours is given that table as
-``lm_head`` -- which is also what a served model has, the export writing embeddings in bf16. A
-conversion-style layout error, and for gemma, gemma2, gemma3 and deepseek each of the family's own operations
-turned off in our forward (``_OPERATIONS``), moves the logits > 100x the tolerance: the tiny configs
-exercise them.
+op-order differences; measured <= 2.2e-6; gemma 9.2e-7, olmo3 8.2e-7, scanned olmo3 1.2e-6). One exception,
+MaxText's: with tied embeddings its logits use the embedding table cast to bf16
+(``embeddings.attend_on_embedding``), so ours is given that table as ``lm_head`` -- which is also what a served
+model has, the export writing embeddings in bf16. A conversion-style layout error, and for gemma, gemma2,
+gemma3, deepseek and olmo3 each of the family's own operations turned off in our forward (``_OPERATIONS``),
+moves the logits > 100x the tolerance: the tiny configs exercise them.
 """
 
 from __future__ import annotations
@@ -105,6 +105,10 @@ _OPERATIONS = {
                  "expert groups": _off(moe__n_group=1, moe__topk_group=1),
                  "shared experts": _off(moe__shared_experts=False),
                  "YaRN frequencies": _off(yarn__factor=1.0), "mscale": _off(yarn__mscale=0.0)},
+    # (its post-norm-only layers and full-width q/k norms have no "off" in the same weights: the comparison
+    # with MaxText's forward above is their check)
+    "olmo3": {"window": _off(sliding_layers=()), "YaRN frequencies": _off(rope_yarn=None),
+              "YaRN cos/sin scale": _off(rope_attention_factor=1.0), "q/k norms": _off(qk_norm=False)},
 }
 
 
@@ -254,3 +258,86 @@ def test_a_gemma2_nvfp4_run_keeps_both_hf_layers_of_a_kept_maxtext_layer(tmp_pat
   trained = hf_conversion.trained_nvfp4(config, shape)
   assert len(trained) == 4 * 7
   assert all(trained[n] == (int(n.split(".")[2]) < 2) for n in trained), trained
+
+
+def test_a_scanned_olmo3_checkpoint_converts_to_what_maxtexts_forward_computes(tmp_path):
+  """MaxText's default scan_layers=true: olmo3's scanned block holds one stacked ``layers_<k>`` per layer of its
+  cycle (Olmo3ScannableBlock); 8 layers = 2 blocks of (3 sliding, 1 global). The dimensions come from the
+  block, the layer types from each layer's place in it, the names from MaxText's scanned mapping."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
+
+  d = export_families.make("olmo3", str(tmp_path), base_num_decoder_layers=8, scan_layers=True)
+  items = checkpoint.find_items(d["ckpt"])
+  dims = model_shapes.check(items, d["config"])
+  assert dims["scan_layers"] and dims["num_decoder_layers"] == 8 and dims["num_query_heads"] == 4
+  model = hf_conversion.to_hf(items, d["config"], dims)
+  assert model.shape.sliding_layers == (0, 1, 2, 4, 5, 6)
+  assert model.tensors["model.layers.7.self_attn.q_norm.weight"].shape == (4 * 32,)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(model.tensors, tokens))
+  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
+  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
+  scale = np.abs(theirs).max()
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"olmo3 scanned: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
+
+
+def test_olmo3_exports_in_both_formats_with_a_config_transformers_reads_as_maxtexts_model(checkpoints):
+  """Both formats: Olmo3ForCausalLM's tensor names (post-norm-only layers, full-width q/k norms kept bf16 and
+  excluded), and a config.json that transformers' own Olmo3Config reads as the trained model: MaxText's layer
+  types, its window, YaRN for both layer types with MaxText's cos/sin scale."""
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints["olmo3"]
+  base = os.path.dirname(d["ckpt"].rstrip("/"))
+  for fmt, weight in (("modelopt", ".weight"), ("compressed-tensors", ".weight_packed")):
+    out = os.path.join(base, f"hf_{fmt}")
+    assert export.cli_main([d["ckpt"], "--out", out, "--format", fmt, "--calibration-batches", "1",
+                            "--calibrate-on-synthetic", "--no-tokenizer", *d["overrides"]]) == 0, fmt
+    t = _tensors(out)
+    p = "model.layers.3."
+    assert t[p + "self_attn.q_norm.weight"][:2] == ("BF16", (4 * 32,))
+    assert t[p + "self_attn.k_norm.weight"][:2] == ("BF16", (2 * 32,))
+    assert {p + n + ".weight" for n in ("post_attention_layernorm", "post_feedforward_layernorm")} <= set(t)
+    assert not any("input_layernorm" in k or "pre_feedforward" in k for k in t)
+    assert all(p + f"{m}.{n}{weight}" in t for m, ns in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down")))
+               for n in ns for n in [n + "_proj"])
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+      raw = json.load(f)
+    assert raw["quantization_config"]["quant_method"] in ("modelopt", "compressed-tensors")
+    assert raw["architectures"] == ["Olmo3ForCausalLM"] and raw["model_type"] == "olmo3"
+    cfg = transformers.Olmo3Config.from_pretrained(out)
+    assert cfg.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
+    assert cfg.sliding_window == 8 and cfg.num_hidden_layers == 4 and cfg.head_dim == 32
+    assert cfg.num_attention_heads == 4 and cfg.num_key_value_heads == 2 and cfg.rms_norm_eps == 1e-6
+    assert cfg.max_position_embeddings == 64 and not cfg.tie_word_embeddings and not cfg.attention_bias
+    for layer_type in ("full_attention", "sliding_attention"):  # MaxText's one rotary in every layer
+      rope = cfg.rope_parameters[layer_type]
+      assert rope["rope_type"] == "yarn" and rope["factor"] == 4 and rope["original_max_position_embeddings"] == 16
+      assert rope["rope_theta"] == 500000 and rope["beta_fast"] == 32 and rope["beta_slow"] == 1
+      assert rope["attention_factor"] == pytest.approx(0.1 * np.log(4) + 1, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra,why", [
+    ({"model_name": "qwen3-0.6b", "decoder_block": "olmo3"}, "model_name=qwen3-0.6b"),
+    ({"rope_interleave": True}, "rope_interleave=True"),
+    ({"rope_truncate": False}, "rope_truncate=False"),
+    ({"scan_layers": True, "base_num_decoder_layers": 6}, "not a multiple of inhomogeneous_layer_cycle_interval=4"),
+    ({"use_qk_norm": False}, "use_qk_norm=false"),
+    ({"attention_bias": True}, "attention_bias=true"),
+])
+def test_what_olmo3_forward_cannot_express_is_refused_in_one_line(tmp_path, extra, why):
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("olmo3", str(tmp_path), **extra))
+  with pytest.raises(export_arch.UnsupportedModel) as e:
+    export_arch.check_supported(config)
+  assert "\n" not in str(e.value) and why in str(e.value), str(e.value)

@@ -10,9 +10,10 @@ calls megablox gmm for wi_0, wi_1, wo -- or [wi_0 | wi_1], wo with prefuse_moe_w
 (routed experts from ``first_num_dense_layers`` on), ``models/llama4.py`` (every
 ``interleave_moe_layer_step``-th layer), ``configs/pyconfig.py`` (``_prepare_for_pydantic``'s unknown-key
 message; the keys it rewrites), ``layers/nnx_wrappers.py`` (DenseGeneral's ``nnx.Rngs(params, dropout,
-aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen, Mixtral, Gemma 2, Gemma 3
-and DeepSeek mappings and their hook chains; ``tensor_handling.stacked_axes``: a scanned MoE weight stacks
-(experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``).
+aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen, Mixtral, Gemma 2, Gemma 3,
+DeepSeek and Olmo 3 mappings and their hook chains; ``tensor_handling.stacked_axes``: a scanned MoE weight
+stacks (experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``),
+``models/olmo3.py`` (``get_attention_type``).
 """
 
 import dataclasses
@@ -108,6 +109,14 @@ TOUCHES: tuple[Touch, ...] = (
               " (hf_conversion)"),
     Touch(module=_PARAM_MAPPING, symbol="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
           use="MaxText -> HF layouts of deepseek blocks (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="OLMO3_MAXTEXT_TO_HF_PARAM_MAPPING",
+          use="MaxText -> HF names of olmo3 blocks, scanned (layers_<k>: the k-th layer of each cycle) or not"
+              " (hf_conversion)"),
+    Touch(module=_PARAM_MAPPING, symbol="OLMO3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+          use="MaxText -> HF layouts of olmo3 blocks: transposes; norms and the full-width q/k norms as they are"
+              " (hf_conversion)"),
+    Touch(module="maxtext.models.olmo3", symbol="get_attention_type",
+          use="which olmo3 layers slide (HF layer_types of the export; export_arch)"),
     Touch(module="maxtext.models.gemma3", symbol="get_attention_type",
           use="which gemma3 layers slide (HF layer_types of the export; export_arch)"),
     Touch(module="maxtext.models.gemma3", symbol="get_query_pre_attn_scalar",
@@ -200,6 +209,13 @@ ADAPTER = MaxTextVersion(
         "deepseek": HfConversion(
             names_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"reshape_kernel"}), aliases=(("MoEBiasVar-", "params-"),)),
+        # olmo3: transposes/reshapes only: its norms (scale_rmsnorm_layer, adapt_olmo3_qk_norm: w as is -- MaxText's
+        # RMSNorm applies w, not 1 + w) and the vocab cut of the embedding; the query is scaled in the forward
+        # (query_pre_attn_scalar = head_dim ** -0.5), RoPE rotates HF's halves (rope_interleave=false, checked)
+        "olmo3": HfConversion(
+            names_fn="OLMO3_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="OLMO3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"reshape_kernel", "scale_rmsnorm_layer", "adapt_olmo3_qk_norm",
+                             "pad_hf_embedding_layer"})),
     },
     scanned_expert_axes=(0, 1),  # checkpoint_conversion/utils/tensor_handling.py stacked_axes: leading
     configs_dir="configs",
