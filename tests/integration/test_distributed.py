@@ -111,7 +111,9 @@ def test_two_processes_agree_with_each_other_and_with_one_process(tmp_path):
 
   # One process, 2 * DEVICES host devices, no jax.distributed: the same run, then with nvfp4_amax_scope=global
   # (checked below).
-  env1 = _env(XLA_FLAGS=f"--xla_force_host_platform_device_count={2 * DEVICES}")
+  # Appended to the caller's XLA_FLAGS: both sides must compile with the same flags (the test stage's optimization
+  # level changes float results at the 1e-4 level), as the launcher does for the ranks.
+  env1 = _env(XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={2 * DEVICES}".strip())
   runs = [[*common, f"run_name={name}", *extra, f"metrics_file={out}/{name}.jsonl"]
           for name, extra in (("single", []), ("global", ["nvfp4_amax_scope=global"]))]
   single = subprocess.run([sys.executable, "-c", SINGLE_MAIN, json.dumps(runs)], env=env1, capture_output=True,
