@@ -15,12 +15,12 @@ export JAX_PLATFORMS=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TF_CPP_MIN_LOG_L
 # Two workers on CI's 2 cores (up to 4 elsewhere); --dist loadfile keeps each test file, and so its
 # module-scoped MaxText runs, on one worker. Pass -n 0 to run serially.
 workers=$(nproc 2>/dev/null || echo 2); [ "$workers" -gt 4 ] && workers=4
-# The core, resume and matrix stages compile at LLVM -O0: XLA's CPU compile is most of the suite's time, and -O0 takes a
+# The core and resume stages compile at LLVM -O0: XLA's CPU compile is most of the suite's time, and -O0 takes a
 # quarter off it (benchmarks/RESULTS.md). Every bit-for-bit check in the suite is against an independent reference
 # (numpy, TE's golden vectors, a per-shard model, another run at the same flags) and passes at both levels; MaxText
 # losses can differ between the levels (seen: 1.5e-4 relative at step 2), so a test comparing two processes gives
-# both the same XLA_FLAGS. The peers stage (TE's reference, bit for bit, and the golden vectors again) runs at
-# XLA's default level; the gpu stage's compile is not a CPU compile.
+# both the same XLA_FLAGS. The peers stage (TE's reference, bit for bit, and the golden vectors again) and the
+# matrix stage run at XLA's default level; the gpu stage's compile is not a CPU compile.
 O0_XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
 if [ "$#" -gt 0 ]; then
   XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers "$@"
@@ -56,7 +56,7 @@ run_stage() {  # run_stage NAME: one stage after the core suite, in a lane besid
               tests/tools/test_study_resume.py --junitxml="$logs/resume.xml" ;;
     peers) env_ready peers && stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile \
              tests/peers tests/core/test_numerics.py::test_public_golden_bitwise --junitxml="$logs/peers.xml" ;;
-    matrix) env_ready matrix && stage matrix env MATRIX_WORKERS=1 XLA_FLAGS="$O0_XLA_FLAGS" bash scripts/test_matrix.sh --junitxml="$logs/matrix.xml" ;;
+    matrix) env_ready matrix && stage matrix env MATRIX_WORKERS=1 bash scripts/test_matrix.sh --junitxml="$logs/matrix.xml" ;;
   esac
 }
 lane() {  # lane NAME...: the named stages one after another (those STAGES picks), output kept per stage
@@ -72,7 +72,8 @@ if has core; then
 fi
 # After the core suite, two lanes side by side. Each stage but peers is one process for most of its time (a compile,
 # MaxText runs one after another, one pytest worker); peers, the last to finish, has two workers, so that the core
-# lane B leaves when the matrix ends is not idle (seen: 292 s with one worker, lane B done 110 s before it).
+# lane B leaves when the matrix ends is not idle (seen: 292 s with one worker, lane B done 110 s before it; alone,
+# idle: 157 s with two, 273-292 s with one).
 lane resume peers & lane_a=$!
 lane gpu matrix & lane_b=$!
 wait "$lane_a" "$lane_b"
