@@ -71,9 +71,9 @@ if has core; then
     --junitxml="$logs/core.xml"
 fi
 # After the core suite, two lanes side by side. Each stage but peers is one process for most of its time (a compile,
-# MaxText runs one after another, one pytest worker); peers, the last to finish, has two workers, so that the core
-# lane B leaves when the matrix ends is not idle (seen: 292 s with one worker, lane B done 110 s before it; alone,
-# idle: 157 s with two, 273-292 s with one).
+# MaxText runs one after another, one pytest worker). Peers, the last to finish, has two workers, one file each:
+# alone on an idle machine 157 s instead of 273-292 s with one; beside lane B no faster (benchmarks/RESULTS.md), but
+# it takes the core that lane B leaves idle when the matrix ends.
 lane resume peers & lane_a=$!
 lane gpu matrix & lane_b=$!
 wait "$lane_a" "$lane_b"

@@ -214,16 +214,17 @@ def _olmo3(config, dims):
   return out
 
 
-def _gemma3_module():
+def _model_module(block: str):
+  """MaxText's ``models/<block>.py`` (gemma3, olmo3), checked against the adapter's touches."""
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
 
-  return checkpoint.maxtext_module("maxtext.models.gemma3")
+  return checkpoint.maxtext_module(f"maxtext.models.{block}")
 
 
 def _gemma3_query_pre_attn_scalar(config) -> int:
   """HF's ``query_pre_attn_scalar`` q (scores * q ** -0.5) of MaxText's ``get_query_pre_attn_scalar`` s
   (queries * s): q = s ** -2 (256 for head_dim 256; gemma3-27b: emb_dim / heads = 168)."""
-  s = float(_gemma3_module().get_query_pre_attn_scalar(config))
+  s = float(_model_module("gemma3").get_query_pre_attn_scalar(config))
   return int(round(s ** -2))
 
 
@@ -239,17 +240,12 @@ def layer_types(config, dims) -> list[str]:
   2i+1); gemma3 follows MaxText's ``gemma3.get_attention_type`` of each layer; olmo3 its
   ``olmo3.get_attention_type`` -- of layer i unscanned, of i's place in its block of
   inhomogeneous_layer_cycle_interval layers when scanned (Olmo3ScannableBlock's layers_<k>)."""
-  n = dims["num_decoder_layers"]
-  if decoder_block(config) == "gemma2":
+  n, block = dims["num_decoder_layers"], decoder_block(config)
+  if block == "gemma2":
     return ["sliding_attention", "full_attention"] * n
-  if decoder_block(config) == "olmo3":
-    from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
-
-    get = checkpoint.maxtext_module("maxtext.models.olmo3").get_attention_type
-    cycle = int(config.inhomogeneous_layer_cycle_interval) if _get(config, "scan_layers") else n
-    types = [get(i % cycle) for i in range(n)]
-  else:
-    types = [_gemma3_module().get_attention_type(i) for i in range(n)]
+  get = _model_module(block).get_attention_type
+  cycle = int(config.inhomogeneous_layer_cycle_interval) if block == "olmo3" and _get(config, "scan_layers") else n
+  types = [get(i % cycle) for i in range(n)]
   return ["sliding_attention" if getattr(t, "value", "") == "local_sliding" else "full_attention" for t in types]
 
 
