@@ -5,8 +5,9 @@
 #   gpu     compile-derived XLA:GPU byte and memory pins (deviceless H200 compile on this CPU)
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
-# The peer and matrix environments build in the background while the core suite runs (their installs are
-# mostly download and unpack); after it, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
+# The peer and matrix environments build in the background at the lowest priority (nice 19) while the core suite
+# runs: they take the CPU its two workers leave idle and finish beside the first stages after it (at nice 5 they
+# took ~170 s of CPU from the core suite). After the core suite, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
 # suite with them (`bash scripts/test.sh tests/core -k golden`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ declare -A rc
 for s in peers matrix; do
   # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
   if has "$s"; then
-    ( nice -n 5 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
+    ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
   fi
 done
 stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
