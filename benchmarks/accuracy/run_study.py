@@ -208,7 +208,14 @@ VARIANT_ARMS: tuple[Arm, ...] = (
     Arm(name="nvfp4_no_rht3", group="variant", recipe="demo_nvfp4.yml", overrides=("nvfp4_rht=false", *_DIAG),
         description="nvfp4 without RHT, 3 seeds: the comparator of the 4over6-activation arms"),
 )
-ARMS = ARMS + VARIANT_ARMS
+# The same variants on the MoE demo (mixtral block, 4 experts top-2, einsum path): every expert linear is its own
+# NVFP4 tensor, so 4over6 / row scaling / the backward overrides apply per expert. Gaps are taken against
+# moe_nvfp4_diag (the MoE family's standard recipe with diagnostics) and moe_bf16.
+MOE_VARIANT_ARMS: tuple[Arm, ...] = tuple(
+    dataclasses.replace(a, name=f"moe_{a.name}", family="moe", recipe="demo_moe_nvfp4.yml",
+                        description=f"MoE demo: {a.description}")
+    for a in VARIANT_ARMS)
+ARMS = ARMS + VARIANT_ARMS + MOE_VARIANT_ARMS
 ARM_BY_NAME = {a.name: a for a in ARMS}
 
 

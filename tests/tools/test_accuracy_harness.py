@@ -78,7 +78,7 @@ def test_family_arms():
     bf16_yml, nvfp4_yml = recipe[fam.name]
     arms = [study.ARM_BY_NAME[n] for n in (fam.bf16, fam.fp8, fam.nvfp4)]
     assert all(a.family == fam.name and a.group == "key" and a.peer is None for a in arms)
-    assert {a.name for a in study.ARMS if a.family == fam.name} == {fam.bf16, fam.fp8, fam.nvfp4}
+    assert {a.name for a in study.ARMS if a.family == fam.name and a.group == "key"} == {fam.bf16, fam.fp8, fam.nvfp4}
     for seed in range(3):
       bf, f8, nv = (runs[f"{n}_s{seed}"].argv for n in (fam.bf16, fam.fp8, fam.nvfp4))
       assert bf[3].endswith(bf16_yml) and f8[3].endswith(bf16_yml) and nv[3].endswith(nvfp4_yml)
@@ -92,6 +92,39 @@ def test_family_arms():
   # --quick covers every arm, the new families included
   quick = {r.key for r in study.build_runs(study.SIZINGS["quick"], Path("/x"))}
   assert {f"{n}_s0" for f in study.FAMILIES for n in (f.bf16, f.fp8, f.nvfp4)} <= quick
+
+
+def test_moe_variant_arms_mirror_the_dense_variants():
+  """Each TE recipe variant runs on the MoE demo with exactly the dense arm's overrides, on the MoE nvfp4 recipe."""
+  dense = {a.name: a for a in study.VARIANT_ARMS}
+  moe = {a.name: a for a in study.MOE_VARIANT_ARMS}
+  assert set(moe) == {f"moe_{n}" for n in dense}
+  runs = {r.key: r for r in study.build_runs(study.SIZINGS["cpu"], Path("/x"), arms=sorted(moe))}
+  assert len(runs) == 3 * len(moe)
+  for name, arm in moe.items():
+    d = dense[name.removeprefix("moe_")]
+    assert (arm.family, arm.group, arm.recipe, arm.overrides) == ("moe", "variant", "demo_moe_nvfp4.yml", d.overrides)
+    argv = runs[f"{name}_s2"].argv
+    assert argv[3].endswith("demo_moe_nvfp4.yml") and set(d.overrides) <= set(argv)
+    assert _opt(argv, "init_weights_seed") == "2" and _opt(argv, "data_shuffle_seed") == "0"
+
+
+def test_variants_report_pairs_the_moe_arms_with_the_moe_baselines(tmp_path, capsys):
+  report = _load("variants_report")
+  for arm, seed, loss in (("moe_nvfp4_diag", 0, 6.10), ("moe_nvfp4_diag", 1, 6.12), ("moe_nvfp4_4o6_w", 0, 6.08),
+                          ("nvfp4_diag", 0, 5.0)):
+    d = tmp_path / f"{arm}_s{seed}"
+    d.mkdir()
+    (d / "result.json").write_text(json.dumps({"complete": True, "seed": seed, "final_eval_loss": loss}))
+  carry = tmp_path / "summary.json"
+  carry.write_text(json.dumps({"moe_bf16": {"0": {"final_eval_loss": 6.0}, "1": {"final_eval_loss": 6.2}},
+                               "bf16": {"0": {"final_eval_loss": 1.0}}}))
+  assert report.main([str(tmp_path), "--carry", str(carry), "--family", "moe"]) == 0
+  rows = {ln.split(" | ")[0]: ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")}
+  # paired by seed with moe_nvfp4_diag (6.10 at seed 0) and moe_bf16 (6.0), never the dense arms
+  assert "-0.0200 (-0.0200)" in rows["| moe_nvfp4_4o6_w"] and "+1.33 %" in rows["| moe_nvfp4_4o6_w"]
+  assert "| 2 | 6.1100 | 0.0200 |" in rows["| moe_nvfp4_diag"]
+  assert "not run" in rows["| moe_nvfp4_bwd_hp"] and "| nvfp4_diag" not in rows
 
 
 def test_family_gaps_use_the_family_baseline():
