@@ -6,8 +6,9 @@
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
 # The peer and matrix environments build in the background at the lowest priority (nice 19) while the core suite
-# runs: they take the CPU its two workers leave idle and finish beside the first stages after it (at nice 5 they
-# took ~170 s of CPU from the core suite). After the core suite, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
+# runs: they take the CPU its two workers leave idle and finish beside the first stages after it (measured: the
+# core suite 961 s instead of 1015-1083 s at nice 5, the whole command the same; benchmarks/RESULTS.md). After the
+# core suite, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
 # suite with them (`bash scripts/test.sh tests/core -k golden`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
