@@ -736,6 +736,7 @@ def write_results(path: Path, section: str, header: str) -> None:
       post = rest.split(END, 1)[1]
       path.write_text(pre + section + post, encoding="utf8")
       return
+  path.parent.mkdir(parents=True, exist_ok=True)  # a new --publish-dir
   path.write_text(header + "\n\n" + section + "\n", encoding="utf8")
 
 

@@ -212,7 +212,7 @@ def test_verdicts():
 
 
 def test_results_markers_keep_hand_written_text(tmp_path):
-  p = tmp_path / "RESULTS.md"
+  p = tmp_path / "new_publish_dir" / "RESULTS.md"  # a --publish-dir that does not exist yet is created
   study.write_results(p, f"{study.BEGIN}\nA\n{study.END}", "# head")
   p.write_text(p.read_text() + "\n## analysis by hand\n")
   study.write_results(p, f"{study.BEGIN}\nB\n{study.END}", "# head")
