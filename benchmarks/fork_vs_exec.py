@@ -41,8 +41,11 @@ def main() -> int:
   rows = []
   t = time.time()
   pid = os.fork()
-  if pid == 0:
-    os._exit(cli.cli_main(argv("forked")) or 0)
+  if pid == 0:  # the child never returns into this function, whatever the training does
+    try:
+      os._exit(cli.cli_main(argv("forked")) or 0)
+    finally:
+      os._exit(1)
   rows.append(("forked after the import", *_reap(pid), time.time() - t, "forked"))
   t = time.time()
   proc = subprocess.Popen([sys.executable, "-m", "maxtext_nvfp4.train", *argv("exec")],  # pylint: disable=consider-using-with
@@ -51,9 +54,10 @@ def main() -> int:
   print("| run | rc | CPU s | wall s | losses |\n|---|---|---|---|---|")
   losses = {}
   for label, rc, cpu, wall, name in rows:
-    path = f"{out}/{name}.jsonl"
-    with open(path, encoding="utf-8") as f:
-      losses[name] = [json.loads(line)["learning/loss"] for line in f if line.strip()] if rc == 0 else []
+    losses[name] = []
+    if rc == 0:  # a failed run may have written no metrics file
+      with open(f"{out}/{name}.jsonl", encoding="utf-8") as f:
+        losses[name] = [json.loads(line)["learning/loss"] for line in f if line.strip()]
     print(f"| {label} | {rc} | {cpu:.1f} | {wall:.1f} | {losses[name]} |")
   same = losses["forked"] == losses["exec"] and bool(losses["forked"])
   print(f"losses bit-identical: {same}")

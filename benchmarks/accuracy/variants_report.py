@@ -85,7 +85,7 @@ def main(argv=None) -> int:
   prefix = "moe_" if a.family == "moe" else ""
   bf16_name, std_name = f"{prefix}bf16", f"{prefix}nvfp4_diag"
   bf16_here = _runs(out, bf16_name)
-  base = {"bf16": bf16_here or _carried(carry, bf16_name), "nvfp4": _runs(out, std_name)}
+  base = {"bf16": bf16_here or _carried(carry, bf16_name), "nvfp4_diag": _runs(out, std_name)}
   lines = [f"{bf16_name}: {'run in OUT' if bf16_here else 'carried from ' + str(carry)}; standard recipe:"
            f" {std_name} (OUT).", ""]
   lines.append("| arm | seeds | eval loss (mean) | seed spread | vs nvfp4: mean (per seed) | vs bf16 (rel.) |"
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
   nv_spread = None
   for variant in ("bf16", *VARIANTS):
     arm = prefix + variant
-    runs = base["nvfp4"] if variant == "nvfp4_diag" else base[variant] if variant in base else _runs(out, arm)
+    runs = base[variant] if variant in base else _runs(out, arm)
     if not runs:
       lines.append(f"| {arm} | 0 | not run | | | | | | |")
       continue
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
       common = sorted(set(ev) & set(base[ref]))
       d = [ev[s] - base[ref][s]["final_eval_loss"] for s in common]
       return common, d
-    cs, d = paired("nvfp4")
+    cs, d = paired("nvfp4_diag")
     vs_nv = (f"{statistics.fmean(d):+.4f} ({', '.join(f'{x:+.4f}' for x in d)})" if d and variant != "nvfp4_diag" else "")
     cb, db = paired("bf16")
     rel = ([x / base["bf16"][s]["final_eval_loss"] for s, x in zip(cb, db)] if db and variant != "bf16" else [])
