@@ -14,7 +14,7 @@ from maxtext_helpers import tiny_argv
 
 # family -> (MaxText model_name, overrides): 2 layers, d=64, GQA 4/2 heads of 32 (sqrt(32) is not a power of
 # two, so a missing query scale shows), MoE 4 experts top-2; gemma3: 6 layers, its first global one is the 6th;
-# olmo3: 4 layers, the 4th global
+# olmo3: 4 layers, the 4th global; llama4: 4 layers, 2 dense and 2 MoE, the 4th NoPE
 _DENSE = {"base_emb_dim": 64, "base_num_query_heads": 4, "base_num_kv_heads": 2, "head_dim": 32, "base_mlp_dim": 128,
           "base_num_decoder_layers": 2, "vocab_size": 256, "max_target_length": 32, "per_device_batch_size": 1,
           "override_model_config": True}
@@ -41,6 +41,10 @@ FAMILIES = {
     # context of 16 (factor 4, 64 positions), so its frequencies and cos/sin scale bite within 32 tokens
     "olmo3": ("olmo3-7b", {"base_num_decoder_layers": 4, "sliding_window_size": 8, "rope_factor": 4,
                            "original_max_position_embeddings": 16, "max_position_embeddings": 64}),
+    # Llama 4: 4 layers -- RoPE dense, RoPE MoE, RoPE dense, NoPE MoE (nope_layer_interval 4,
+    # interleave_moe_layer_step 2); chunks of 8 (< the 16-32 test tokens); 4 experts top-1 + 1 shared
+    "llama4": ("llama4-17b-16e", {**_MOE, "num_experts_per_tok": 1, "base_num_decoder_layers": 4,
+                                  "interleave_moe_layer_step": 2, "chunk_attn_window_size": 8}),
 }
 
 

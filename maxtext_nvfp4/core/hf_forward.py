@@ -11,19 +11,28 @@ One forward for every exported family (``integration/export_arch.py``), shaped b
                (qk_norm_full, Olmo 3: norm over all heads at once, [H * D], before the split into heads)
       q,k    = rope(q), rope(k)        HF's rotate_half: halves layout, theta ** (-2j / D) (/ factor: linear)
                (rope_yarn, Olmo 3: YaRN's frequencies, halves layout, cos and sin * rope_attention_factor)
+               (rope_interleaved, Llama 4: pairs (x_2j, x_2j+1) rotated as complex numbers, HF's
+               apply_rotary_emb; rope_llama3: HF's llama3 frequencies; nope_layers: no RoPE at all)
+      q,k    = q / rms(q), k / rms(k)  over D, no weight           (qk_l2_norm, Llama 4: RoPE layers only)
+      q      = q * (log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1)  (attn_temperature, Llama 4:
+               NoPE layers only)
       s      = q k^T * attn_scale      (1/sqrt(D); Gemma: query_pre_attn_scalar ** -0.5)
       s      = cap * tanh(s / cap)                                                (attn_softcap: Gemma 2)
       o      = softmax(s, causal, within segment, sliding layers: i - j < window) v   (GQA: k, v repeated)
+               (attention_chunk_size c, Llama 4's RoPE layers: also i // c == j // c, token indices)
       a      = o @ Wo^T                (sandwich_norms, Gemma: a = norm(a, post_attention_layernorm))
       h      = h + a
       x      = norm(h, post_attention_layernorm)   (sandwich_norms: norm(h, pre_feedforward_layernorm))
                (post_norms, Olmo 3: h = h + norm(a, post_attention_layernorm); x = h)
       dense: m = down(act(gate(x)) * up(x))        act: silu, or gelu_tanh (Gemma's gelu_pytorch_tanh)
+                                                   (under mlp_block: mlp, Llama 4's feed_forward)
       MoE:   r = x @ router^T;  (w, e) = top_k(r);  w = softmax(w)               (Mixtral; = Qwen3-MoE's
              softmax -> top_k -> renormalize); m = sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))
              (sigmoid, DeepSeek-V3: s = sigmoid(r); e = top_k(s + e_score_correction_bias) within the
              topk_group groups of best top-2 sums; w = s_e / (sum s_e + 1e-20) * routed_scaling_factor;
              m += shared_experts(x); layers < moe.first_dense are dense)
+             (sigmoid_input, Llama 4: (v, e) = top_k(r); expert e's input is x * sigmoid(v), its output
+             summed with weight 1; m += shared_expert(x); MoE layers: moe.layers)
       h      = h + m                   (sandwich_norms, post_norms: h + norm(m, post_feedforward_layernorm))
     logits   = norm(h, norm) @ lm_head^T    (lm_head absent: tied to embed_tokens)
     logits   = cap * tanh(logits / cap)                                           (final_softcap: Gemma)
@@ -62,8 +71,9 @@ class MoeShape:
   block: str
   # the expert's (gate, up, down) linear names: ("gate_proj", "up_proj", "down_proj") or Mixtral's ("w1", "w3", "w2")
   expert_linears: tuple[str, str, str]
-  # "softmax" (top-k logits, softmaxed) or "sigmoid" (DeepSeek-V3: e_score_correction_bias for the choice,
-  # n_group groups of which topk_group are eligible, weights normalized then times routed_scaling_factor)
+  # "softmax" (top-k logits, softmaxed), "sigmoid" (DeepSeek-V3: e_score_correction_bias for the choice,
+  # n_group groups of which topk_group are eligible, weights normalized then times routed_scaling_factor) or
+  # "sigmoid_input" (Llama 4: the sigmoid of the top-k logit scales the expert's input; outputs summed)
   scoring: str = "softmax"
   n_group: int = 1
   topk_group: int = 1
@@ -72,6 +82,11 @@ class MoeShape:
   shared_experts: bool = False
   # layers before this one have a dense MLP (``mlp.{gate,up,down}_proj``) instead of experts
   first_dense: int = 0
+  # the routed layers when not all of them are (Llama 4's moe_layers; None: every layer from first_dense on)
+  layers: tuple[int, ...] | None = None
+  # the router's and the shared experts' module names under ``block`` (Llama 4: router, shared_expert)
+  router: str = "gate"
+  shared_name: str = "shared_experts"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +100,18 @@ class YarnShape:
   beta_slow: float
   # the softmax scale's mscale ** 2 term: 0.1 * mscale * ln(factor) + 1 (HF's mscale_all_dim; MLA only)
   mscale: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Llama3Rope:
+  """HF's ``llama3`` RoPE frequencies (``modeling_rope_utils._compute_llama3_parameters``)."""
+
+  # low frequencies are divided by factor; wavelengths between original / high_freq_factor and
+  # original / low_freq_factor are blended
+  factor: float
+  low_freq_factor: float
+  high_freq_factor: float
+  original_max_position_embeddings: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -151,6 +178,18 @@ class DecoderShape:
   # YarnShape's mscale is not used here); None: default RoPE
   rope_yarn: YarnShape | None = None
   rope_attention_factor: float = 1.0
+  # Llama 4: layers without RoPE (NoPE: no q/k norm, no chunking; temperature tuning); the others rotate
+  # interleaved pairs (rope_interleaved) with llama3 frequencies (rope_llama3; None: default), L2-normalize q
+  # and k after RoPE (qk_l2_norm) and attend within chunks of attention_chunk_size tokens (0: no chunks)
+  nope_layers: tuple[int, ...] = ()
+  rope_interleaved: bool = False
+  rope_llama3: Llama3Rope | None = None
+  qk_l2_norm: bool = False
+  attention_chunk_size: int = 0
+  # NoPE layers' query temperature (attn_scale, floor_scale) (None: off)
+  attn_temperature: tuple[float, float] | None = None
+  # the dense MLP's module under the layer ("mlp"; Llama 4: "feed_forward")
+  mlp_block: str = "mlp"
 
 
 def rms_norm(x, w, eps):
@@ -190,6 +229,22 @@ def yarn_inv_freq(dim: int, theta: float, y: YarnShape):
   return f / np.float32(y.factor) * ramp + f * (1 - ramp)
 
 
+def llama3_inv_freq(dim: int, theta: float, r: Llama3Rope):
+  """HF's llama3 inverse frequencies: f_j = theta ** (-2j / dim), wavelength w_j = 2 pi / f_j; f_j when
+  w_j < original / high_freq_factor, f_j / factor when w_j > original / low_freq_factor, else
+  (1 - s) f_j / factor + s f_j with s = (original / w_j - low_freq_factor) / (high_freq_factor - low_freq_factor)."""
+  f = 1.0 / (theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+  wavelen = np.float32(2 * math.pi) / f
+  low_wavelen = np.float32(r.original_max_position_embeddings / r.low_freq_factor)
+  high_wavelen = np.float32(r.original_max_position_embeddings / r.high_freq_factor)
+  scaled = jnp.where(wavelen > low_wavelen, f / np.float32(r.factor), f)
+  smooth = (np.float32(r.original_max_position_embeddings) / wavelen - np.float32(r.low_freq_factor)) / np.float32(
+      r.high_freq_factor - r.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / np.float32(r.factor) + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
 def rope_interleaved(x, positions, inv_freq):
   """RoPE of interleaved pairs on ``[B, T, H, D]``: ``[x_even cos - x_odd sin | x_odd cos + x_even sin]``."""
   ang = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, D/2]
@@ -212,6 +267,18 @@ def sliding_mask(mask, window: int):
   return mask & ((i[:, None] - i[None, :]) < window)[None]
 
 
+def chunk_mask(mask, chunk: int):
+  """``mask`` restricted to keys in the query's chunk of ``chunk`` token indices (i // chunk == j // chunk)."""
+  i = jnp.arange(mask.shape[-1]) // chunk
+  return mask & (i[:, None] == i[None, :])[None]
+
+
+def temperature(positions, attn_scale: float, floor_scale: float):
+  """Llama 4's NoPE query scale ``[B, T]``: log(floor((pos + 1) / floor_scale) + 1) * attn_scale + 1."""
+  pos = positions.astype(jnp.float32)
+  return jnp.log(jnp.floor((pos + 1.0) / np.float32(floor_scale)) + 1.0) * np.float32(attn_scale) + 1.0
+
+
 def softcap(x, cap):
   return x if cap is None else jnp.tanh(x / np.float32(cap)) * np.float32(cap)
 
@@ -220,8 +287,9 @@ _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, appro
 
 
 def is_moe_layer(shape: DecoderShape, layer: int) -> bool:
-  """Whether ``layer`` has routed experts (MoE models from ``moe.first_dense`` on)."""
-  return shape.moe is not None and layer >= shape.moe.first_dense
+  """Whether ``layer`` has routed experts (MoE models from ``moe.first_dense`` on; ``moe.layers`` when given)."""
+  m = shape.moe
+  return m is not None and layer >= m.first_dense and (m.layers is None or layer in m.layers)
 
 
 def attention_names(shape: DecoderShape) -> tuple[str, ...]:
@@ -238,17 +306,17 @@ def layer_names(shape: DecoderShape, layer: int) -> list[str]:
   out = [p + f"self_attn.{n}" for n in attention_names(shape)]
   dense = ("gate_proj", "up_proj", "down_proj")
   if not is_moe_layer(shape, layer):
-    return out + [p + f"mlp.{n}" for n in dense]
+    return out + [p + f"{shape.mlp_block}.{n}" for n in dense]
   m = shape.moe
   out += [f"{p}{m.block}.experts.{e}.{n}" for e in range(m.num_experts) for n in m.expert_linears]
-  return out + ([f"{p}{m.block}.shared_experts.{n}" for n in dense] if m.shared_experts else [])
+  return out + ([f"{p}{m.block}.{m.shared_name}.{n}" for n in dense] if m.shared_experts else [])
 
 
 def layer_kind(shape: DecoderShape, layer: int) -> int:
-  """The first layer of ``layer``'s kind (same attention window, RoPE, dense or MoE): what
+  """The first layer of ``layer``'s kind (same attention window, RoPE or NoPE, dense or MoE): what
   ``decoder_layer(like=)`` takes so layers of one kind share a compiled function."""
   def kind(i):
-    return (i in shape.sliding_layers, is_moe_layer(shape, i))
+    return (i in shape.sliding_layers, is_moe_layer(shape, i), i in shape.nope_layers)
   return next(i for i in range(shape.num_layers) if kind(i) == kind(layer))
 
 
@@ -256,12 +324,13 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
                   served: frozenset = frozenset(), like: int | None = None):
   """One decoder layer (module docstring) on ``h [B, T, E]``; records input amaxes into ``amax``.
 
-  ``like``: the layer whose kind (sliding window, RoPE, dense or MoE) this one has (default ``layer``): the
+  ``like``: the layer whose kind (sliding window, RoPE or NoPE, dense or MoE) this one has (default ``layer``): the
   export's calibration runs every layer's weights renamed to layer 0 through one compiled function per kind."""
   b, t, _ = h.shape
   p = f"model.layers.{layer}."
   kind = layer if like is None else like
   sliding = kind in shape.sliding_layers
+  nope = kind in shape.nope_layers
   one = 1.0 if shape.norm_plus_one else 0.0
 
   def norm(x, name):
@@ -287,12 +356,25 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
       k = norm(k, p + "self_attn.k_norm.weight")
     theta = shape.local_rope_theta if sliding and shape.local_rope_theta is not None else shape.rope_theta
     factor = 1.0 if sliding else shape.rope_linear_factor
-    inv = None if shape.rope_yarn is None else yarn_inv_freq(hd, theta, shape.rope_yarn)
-    q, k = (rope(y, positions, theta, factor, inv, shape.rope_attention_factor) for y in (q, k))
+    if nope:  # Llama 4's NoPE layers: no rotation, no q/k norm; the query's temperature
+      if shape.attn_temperature is not None:
+        q = q * temperature(positions, *shape.attn_temperature)[:, :, None, None]
+    elif shape.rope_interleaved:
+      inv = (1.0 / (theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)) if shape.rope_llama3 is None
+             else llama3_inv_freq(hd, theta, shape.rope_llama3))
+      # (the output's [even | odd] order differs from HF's interleaved one by the same permutation of q and k:
+      # their dot product and the L2 norm below are unchanged)
+      q, k = rope_interleaved(q, positions, inv), rope_interleaved(k, positions, inv)
+    else:
+      inv = None if shape.rope_yarn is None else yarn_inv_freq(hd, theta, shape.rope_yarn)
+      q, k = (rope(y, positions, theta, factor, inv, shape.rope_attention_factor) for y in (q, k))
+    if shape.qk_l2_norm and not nope:
+      q, k = rms_norm(q, 1.0, shape.rms_norm_eps), rms_norm(k, 1.0, shape.rms_norm_eps)
     k, v = jnp.repeat(k, nh // nkv, axis=2), jnp.repeat(v, nh // nkv, axis=2)
     scale = np.float32(1.0 / np.sqrt(hd) if shape.attn_scale is None else shape.attn_scale)
   scores = softcap(jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale, shape.attn_softcap)
   m = sliding_mask(mask, shape.sliding_window) if sliding else mask
+  m = chunk_mask(m, shape.attention_chunk_size) if shape.attention_chunk_size and not nope else m
   scores = jnp.where(m[:, None], scores, jnp.finfo(jnp.float32).min)
   o = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, t, -1)
   a = linear(p + "self_attn.o_proj", o)
@@ -310,23 +392,26 @@ def decoder_layer(w: dict, shape: DecoderShape, layer: int, h, positions, mask, 
     return linear(prefix + "down_proj", _ACTIVATIONS[shape.activation](gate) * up)
 
   if not is_moe_layer(shape, kind):
-    y = mlp(p + "mlp.")
+    y = mlp(f"{p}{shape.mlp_block}.")
     post = shape.sandwich_norms or shape.post_norms
     return h + (norm(y, p + "post_feedforward_layernorm.weight") if post else y)
   m = shape.moe
-  top_w, top_e = _route(m, x @ w[f"{p}{m.block}.gate.weight"].T, w.get(f"{p}{m.block}.gate.e_score_correction_bias"))
+  router = f"{p}{m.block}.{m.router}"
+  top_w, top_e = _route(m, x @ w[router + ".weight"].T, w.get(router + ".e_score_correction_bias"))
   onehot = jax.nn.one_hot(top_e, m.num_experts, dtype=jnp.float32)  # [B, T, K, E]
   combine = jnp.einsum("btk,btke->bte", top_w, onehot)
   routed = jnp.sum(onehot, axis=2) > 0  # [B, T, E]
+  on_input = m.scoring == "sigmoid_input"  # Llama 4: the weight scales the expert's input, outputs summed
   out = jnp.zeros_like(h)
   g_name, u_name, d_name = m.expert_linears
   for e in range(m.num_experts):
     pe = f"{p}{m.block}.experts.{e}."
     r = routed[..., e]
-    y = linear(pe + d_name, jax.nn.silu(linear(pe + g_name, x, r)) * linear(pe + u_name, x, r), r)
-    out = out + combine[..., e:e + 1] * y
+    xe = x * combine[..., e:e + 1] if on_input else x
+    y = linear(pe + d_name, jax.nn.silu(linear(pe + g_name, xe, r)) * linear(pe + u_name, xe, r), r)
+    out = out + (r[..., None] if on_input else combine[..., e:e + 1]) * y
   if m.shared_experts:
-    out = out + mlp(f"{p}{m.block}.shared_experts.")
+    out = out + mlp(f"{p}{m.block}.{m.shared_name}.")
   return h + out
 
 
@@ -335,6 +420,9 @@ def _route(m: MoeShape, logits, bias):
   if m.scoring == "softmax":
     top_w, top_e = jax.lax.top_k(logits, m.top_k)
     return jax.nn.softmax(top_w, axis=-1), top_e
+  if m.scoring == "sigmoid_input":
+    top_w, top_e = jax.lax.top_k(logits, m.top_k)
+    return jax.nn.sigmoid(top_w), top_e
   s = jax.nn.sigmoid(logits)
   choice = s + bias
   groups = choice.reshape(*choice.shape[:-1], m.n_group, m.num_experts // m.n_group)

@@ -27,6 +27,25 @@ conversion functions (the adapter's ``hf_conversions``, applied by :mod:`.hf_con
                                         no input norm); q_norm / k_norm over all heads at once ([H * D]); MaxText's
                                         layer types (3 sliding, 1 global, per models/olmo3.py) as layer_types;
                                         default or YaRN RoPE, written for both layer types (below)
+  llama4         Llama4ForCausalLM      text-only (model_type llama4_text); MaxText's NoPE layers (no_rope_layers),
+                                        chunked attention on the RoPE layers (attention_chunk_size), L2 q/k norm
+                                        after RoPE, NoPE temperature tuning, MoE layers (moe_layers) with experts
+                                        feed_forward.experts.<e>.{gate,up,down}_proj, router feed_forward.router,
+                                        feed_forward.shared_expert; dense layers feed_forward.{gate,up,down}_proj
+                                        (names and layouts: the adapter's llama4 mapping, from MaxText's own llama4
+                                        conversion script)
+
+Llama 4: MaxText's llama4 block (models/llama4.py, layers/attentions.py, layers/moe.py) computes what HF's
+Llama4ForCausalLM does given: RoPE by MaxText's LLaMARotaryEmbedding (rope_type llama3.1), which rotates
+interleaved pairs as HF's complex apply_rotary_emb does (no q/k row permutation), with its hard-coded
+llama3 scaling (factor 8, low/high frequency factors 1 and 4, original context 8192; rope_use_scale) as
+``rope_parameters`` llama3; the query scaled by head_dim ** -0.5 in the forward (HF's scaling); top-1
+routing whose sigmoid score multiplies the expert's input and whose expert outputs are summed, plus one
+shared expert of the experts' width (HF's Llama4TextMoe); the temperature tuning constants MaxText hard-codes
+(scale 0.1, floor 8192) as ``attn_scale`` / ``floor_scale``, and ``attn_temperature_tuning`` also in
+generation_config.json (vLLM's Llama4ForCausalLM takes it from there, else turns it on only past 32K
+context). Which layers are NoPE / MoE is MaxText's ``determine_is_nope_layer`` / ``determine_is_moe_layer``
+of the layer (of its place in the block of inhomogeneous_layer_cycle_interval layers when scanned).
 
 Olmo 3's RoPE: MaxText's olmo3 block builds one rotary embedding for every layer (models/olmo3.py: YaRN on the
 sliding layers too, with rope_type yarn), while HF's Olmo3Config reads a legacy ``rope_scaling`` into
@@ -45,7 +64,7 @@ E_hf = E / sqrt(d) -- exact when sqrt(d) is a power of two; otherwise the hook's
 sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inputs or the logits off by
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
-Every other block (gpt_oss, llama4, gpt3, ...) is refused in one line naming the supported
+Every other block (gpt_oss, gpt3, ...) is refused in one line naming the supported
 ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
 3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
 biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
@@ -97,6 +116,10 @@ class ExportFamily:
   # Olmo 3: post-norm-only layers, full-width q/k norms, sliding/global layer types, default or YaRN RoPE on
   # every layer (hf_forward.DecoderShape post_norms, qk_norm_full, rope_yarn); checked by _olmo3_problems
   olmo: bool = False
+  # Llama 4: NoPE / chunked RoPE layers, L2 q/k norm, temperature tuning, interleaved dense and MoE layers with
+  # input-scaled top-1 routing and a shared expert (hf_forward.DecoderShape nope_layers, ...); checked by
+  # _llama4_problems
+  llama4: bool = False
 
 
 def _get(config, key, default=None):
@@ -214,8 +237,61 @@ def _olmo3(config, dims):
   return out
 
 
+def _llama4_constants() -> dict[str, float]:
+  """What MaxText's llama4 block hard-codes (the adapter's ``constants``): temperature tuning's attn_scale and
+  floor_scale, LLaMARotaryEmbedding's llama3 scaling."""
+  return dict(touchpoints.adapter().hf_conversions["llama4"].constants)
+
+
+def llama4_layers(config, n: int) -> tuple[list[int], list[int]]:
+  """(NoPE layers, MoE layers) of an ``n``-layer llama4 model: MaxText's ``determine_is_nope_layer`` /
+  ``determine_is_moe_layer`` of layer i, or of its place i % cycle in a scanned block (Llama4ScannableBlock)."""
+  mod = _model_module("llama4")
+  cycle = int(config.inhomogeneous_layer_cycle_interval) if _get(config, "scan_layers") else n
+  nope = [i for i in range(n) if mod.determine_is_nope_layer(i % cycle, _get(config, "nope_layer_interval"))]
+  moe = [i for i in range(n) if mod.determine_is_moe_layer(i % cycle, _get(config, "interleave_moe_layer_step"))]
+  return nope, moe
+
+
+def _llama4_rope(config) -> dict:
+  theta = float(config.rope_max_timescale)
+  if not _get(config, "rope_use_scale"):
+    return {"rope_type": "default", "rope_theta": theta}
+  c = _llama4_constants()
+  return {"rope_type": "llama3", "rope_theta": theta, "factor": c["rope_factor"],
+          "low_freq_factor": c["low_freq_factor"], "high_freq_factor": c["high_freq_factor"],
+          "original_max_position_embeddings": int(c["original_max_position_embeddings"])}
+
+
+def _llama4(config, dims):
+  n = dims["num_decoder_layers"]
+  nope, moe = llama4_layers(config, n)
+  c = _llama4_constants()
+  chunk = int(config.chunk_attn_window_size)
+  return {"intermediate_size": dims["moe_mlp_dim"], "intermediate_size_mlp": dims.get("mlp_dim", int(config.mlp_dim)),
+          "num_local_experts": dims["num_experts"], "num_experts_per_tok": int(config.num_experts_per_tok),
+          "interleave_moe_layer_step": int(config.interleave_moe_layer_step), "moe_layers": moe,
+          "no_rope_layers": [0 if i in nope else 1 for i in range(n)],
+          "no_rope_layer_interval": int(_get(config, "nope_layer_interval") or 0),
+          "attention_chunk_size": chunk,
+          "layer_types": ["full_attention" if i in nope else "chunked_attention" for i in range(n)],
+          "use_qk_norm": bool(_get(config, "use_qk_norm")),
+          "attn_temperature_tuning": bool(_get(config, "temperature_tuning")),
+          "attn_scale": c["attn_scale"], "floor_scale": int(c["floor_scale"]), "attention_bias": False,
+          "rope_parameters": _llama4_rope(config), "output_router_logits": False, "router_aux_loss_coef": 0.0,
+          "router_jitter_noise": 0.0, "attention_dropout": 0.0}
+
+
+def generation_config(config) -> dict:
+  """Keys the family adds to generation_config.json: Llama 4's ``attn_temperature_tuning`` (vLLM's
+  Llama4ForCausalLM reads it there; without it, it tunes only when max_model_len > 32768)."""
+  if decoder_block(config) != "llama4":
+    return {}
+  return {"attn_temperature_tuning": bool(_get(config, "temperature_tuning"))}
+
+
 def _model_module(block: str):
-  """MaxText's ``models/<block>.py`` (gemma3, olmo3), checked against the adapter's touches."""
+  """MaxText's ``models/<block>.py`` (gemma3, olmo3, llama4), checked against the adapter's touches."""
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
 
   return checkpoint.maxtext_module(f"maxtext.models.{block}")
@@ -267,6 +343,8 @@ FAMILIES: dict[str, ExportFamily] = {
                              deepseek=True, extra_config=_deepseek),
     "olmo3": ExportFamily(architecture="Olmo3ForCausalLM", model_type="olmo3", qk_norm=True, olmo=True,
                           extra_config=_olmo3),
+    "llama4": ExportFamily(architecture="Llama4ForCausalLM", model_type="llama4_text", moe_block="feed_forward",
+                           llama4=True, extra_config=_llama4),
 }
 
 # blocks refused with a reason of their own (a fact of the HF format, not a missing row)
@@ -393,6 +471,39 @@ def _olmo3_problems(config) -> list[str]:
   return problems
 
 
+def _llama4_problems(config) -> list[str]:
+  """What Llama4ForCausalLM cannot express of a MaxText llama4 block (models/llama4.py, layers/attentions.py,
+  layers/moe.py get_topk and the llama4 branches of its dense and sparse paths). Top-1 routing, which the
+  forward assumes, is MaxText's own rule (its config validation refuses llama4 with num_experts_per_tok > 1)."""
+  problems = []
+  if str(_get(config, "rope_type")) != "llama3.1":
+    # any other rope_type is MaxText's RotaryEmbedding (halves layout): HF's Llama 4 rotates interleaved pairs
+    problems.append(f"rope_type={_get(config, 'rope_type')} (Llama4ForCausalLM rotates interleaved pairs: MaxText's"
+                    " LLaMARotaryEmbedding, rope_type llama3.1)")
+  if int(_get(config, "shared_experts") or 0) != 1:
+    problems.append(f"shared_experts={_get(config, 'shared_experts')} (Llama4TextMoe has one shared expert)")
+  if _get(config, "routed_score_func") or _get(config, "routed_bias") or _get(config, "use_random_routing"):
+    problems.append(f"routed_score_func={_get(config, 'routed_score_func')!r},"
+                    f" routed_bias={_get(config, 'routed_bias')},"
+                    f" use_random_routing={_get(config, 'use_random_routing')} (Llama 4 routes by the sigmoid of"
+                    " the raw top-1 logit: '', false, false)")
+  if float(_get(config, "routed_scaling_factor") or 1.0) != 1.0:
+    problems.append(f"routed_scaling_factor={_get(config, 'routed_scaling_factor')} (Llama4TextMoe has none)")
+  for key in ("attention_bias", "mlp_bias"):
+    if _get(config, key):
+      problems.append(f"{key}=true (Llama4ForCausalLM's linears have no biases)")
+  if int(_get(config, "chunk_attn_window_size") or 0) <= 0:
+    problems.append(f"chunk_attn_window_size={_get(config, 'chunk_attn_window_size')} (the RoPE layers attend in"
+                    " chunks: a positive size)")
+  if int(_get(config, "interleave_moe_layer_step") or 0) <= 0:
+    problems.append(f"interleave_moe_layer_step={_get(config, 'interleave_moe_layer_step')} (a positive step)")
+  if _get(config, "scan_layers") and int(config.num_decoder_layers) % int(config.inhomogeneous_layer_cycle_interval):
+    problems.append(f"scan_layers=true with num_decoder_layers={config.num_decoder_layers} not a multiple of"
+                    f" inhomogeneous_layer_cycle_interval={config.inhomogeneous_layer_cycle_interval} (MaxText's"
+                    " scanned llama4 builds whole blocks only)")
+  return problems
+
+
 def check_supported(config) -> ExportFamily:
   """The family, after every config setting the HF architecture cannot express is refused (one line)."""
   fam = family(config)
@@ -403,8 +514,8 @@ def check_supported(config) -> ExportFamily:
   # gemma3: MaxText's linear factor applies to its global layers only (attentions.py), as HF's full_attention
   linear_ok = decoder_block(config) == "gemma3"
   yarn_ok = fam.olmo and str(_get(config, "rope_type")) == "yarn"  # olmo3's YaRN: _olmo3_problems
-  if fam.deepseek:
-    pass  # YaRN: _deepseek_problems
+  if fam.deepseek or fam.llama4:
+    pass  # YaRN: _deepseek_problems; llama3.1: _llama4_problems
   elif ((str(_get(config, "rope_type")) != "default" and not yarn_ok)
       or str(_get(config, "model_name")).startswith("llama3.1")
       or (float(_get(config, "rope_linear_scaling_factor") or 1.0) != 1.0 and not linear_ok)):
@@ -414,7 +525,7 @@ def check_supported(config) -> ExportFamily:
   for key in ("fused_qkv", "fused_mlp"):
     if _get(config, key):
       problems.append(f"{key}=true")
-  if not fam.qk_norm_fixed and bool(_get(config, "use_qk_norm")) != fam.qk_norm:
+  if not (fam.qk_norm_fixed or fam.llama4) and bool(_get(config, "use_qk_norm")) != fam.qk_norm:
     problems.append(f"use_qk_norm={str(bool(_get(config, 'use_qk_norm'))).lower()} ({fam.architecture} has"
                     f"{'' if fam.qk_norm else ' no'} q/k norm)")
   if not fam.gemma:
@@ -434,7 +545,9 @@ def check_supported(config) -> ExportFamily:
                     f" {int(config.emb_dim)} (MaxText's mixtral conversion assumes them equal)")
   if fam.olmo:
     problems += _olmo3_problems(config)
-  if fam.deepseek:
+  if fam.llama4:
+    problems += _llama4_problems(config)
+  elif fam.deepseek:
     problems += _deepseek_problems(config)
   elif fam.moe_block is not None:
     if str(_get(config, "routed_score_func") or "softmax") != "softmax":
@@ -473,6 +586,22 @@ def forward_shape(config, dims: dict) -> hf_forward.DecoderShape:
       num_kv_heads=dims["num_kv_heads"], head_dim=dims.get("head_dim", 0),
       rms_norm_eps=float(config.normalization_layer_epsilon), rope_theta=float(config.rope_max_timescale),
       qk_norm=fam.qk_norm, attention_bias=fam.attention_bias, moe=moe, mla=mla)
+  if fam.llama4:
+    extra = fam.extra_config(config, dims)
+    rope = extra["rope_parameters"]
+    llama3 = None if rope["rope_type"] != "llama3" else hf_forward.Llama3Rope(
+        factor=rope["factor"], low_freq_factor=rope["low_freq_factor"], high_freq_factor=rope["high_freq_factor"],
+        original_max_position_embeddings=rope["original_max_position_embeddings"])
+    moe = dataclasses.replace(
+        moe, scoring="sigmoid_input", shared_experts=True, router="router", shared_name="shared_expert",
+        layers=tuple(extra["moe_layers"]))
+    return dataclasses.replace(
+        shape, moe=moe, mlp_block="feed_forward", nope_layers=tuple(i for i, r in enumerate(extra["no_rope_layers"])
+                                                                     if not r),
+        rope_interleaved=True, rope_llama3=llama3, qk_l2_norm=extra["use_qk_norm"],
+        attention_chunk_size=extra["attention_chunk_size"],
+        attn_temperature=(extra["attn_scale"], float(extra["floor_scale"])) if extra["attn_temperature_tuning"]
+        else None)
   if fam.olmo:
     extra = fam.extra_config(config, dims)
     full, sliding = extra["rope_parameters"]["full_attention"], extra["rope_parameters"]["sliding_attention"]

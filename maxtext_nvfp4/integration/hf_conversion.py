@@ -81,7 +81,8 @@ def hf_shape(name: str, dims: dict, qk_norm_full: bool = False) -> tuple[int, ..
   leaf, kind = parts[-2], parts[-1]
   e, hd = dims["emb_dim"], dims.get("head_dim") or 0  # MLA (DeepSeek): no single head_dim
   nh, nkv = dims.get("num_query_heads"), dims.get("num_kv_heads")
-  inter = (dims.get("moe_mlp_dim") if ".experts." in name else dims.get("shared_mlp_dim") if ".shared_experts." in name
+  shared = ".shared_experts." in name or ".shared_expert." in name  # DeepSeek's / Llama 4's
+  inter = (dims.get("moe_mlp_dim") if ".experts." in name else dims.get("shared_mlp_dim") if shared
            else dims.get("mlp_dim"))
   if kind == "bias":
     return {"q_proj": (nh * hd,), "k_proj": (nkv * hd,), "v_proj": (nkv * hd,)}.get(leaf)
@@ -103,7 +104,8 @@ def hf_shape(name: str, dims: dict, qk_norm_full: bool = False) -> tuple[int, ..
   return {"q_proj": (nh * hd, e), "k_proj": (nkv * hd, e), "v_proj": (nkv * hd, e), "o_proj": (e, nh * hd),
           "gate_proj": (inter, e), "up_proj": (inter, e), "w1": (inter, e), "w3": (inter, e),
           "down_proj": (e, inter), "w2": (e, inter), "lm_head": (dims["vocab_size"], e),
-          "embed_tokens": (dims["vocab_size"], e), "gate": (dims.get("num_experts"), e)}.get(leaf)
+          "embed_tokens": (dims["vocab_size"], e), "gate": (dims.get("num_experts"), e),
+          "router": (dims.get("num_experts"), e)}.get(leaf)
 
 
 class Converter:
@@ -113,7 +115,12 @@ class Converter:
     facts = touchpoints.adapter()
     block = export_arch.decoder_block(config)
     conv = facts.hf_conversions[block]
-    module = checkpoint.maxtext_module(facts.hf_param_mapping_module)
+    if conv.module:  # the adapter's own mapping of a block MaxText's param_mapping lacks
+      import importlib  # pylint: disable=import-outside-toplevel
+
+      module = importlib.import_module(conv.module)
+    else:
+      module = checkpoint.maxtext_module(facts.hf_param_mapping_module)
     scan = bool(config.scan_layers)
     view = {"text_config": hf_cfg, "vision_config": {"num_hidden_layers": 0}} if conv.multimodal_config else hf_cfg
     names = getattr(module, conv.names_fn)(view, config, scan_layers=scan)

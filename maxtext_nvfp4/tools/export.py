@@ -330,7 +330,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
       raise ckpt.CheckpointError(f"calibration data: {data} gave no batch")
     say(f"maxtext-nvfp4 export: config from {source}; calibrating input_scale on {len(batches)} batch(es) of {data}")
     amax = calibrate(conv, shape, batches, progress)
-  routers = [f"model.layers.{i}.{shape.moe.block}.gate" for i in range(shape.num_layers)
+  routers = [f"model.layers.{i}.{shape.moe.block}.{shape.moe.router}" for i in range(shape.num_layers)
              if hf_forward.is_moe_layer(shape, i)]
   excluded = ["lm_head", "model.embed_tokens", *routers, *[n for n in trained if n not in set(names)]]
   files: list[str] = []
@@ -340,6 +340,14 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
     write_tensors(conv, shape, names, amax, writer, progress, fmt=fmt)
     files.extend(writer.close())
     ids = tokenizer_export.write(tok_plan, tmp) if tok_plan else {"bos_token_id": None, "eos_token_id": None}
+    generation = export_arch.generation_config(config)
+    if generation:  # what the family's server reads there (Llama 4: attn_temperature_tuning), beside the ids
+      path = os.path.join(tmp, "generation_config.json")
+      if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+          generation = {**json.load(f), **generation}
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump(generation, f, indent=2)
     hf_config = {**hf_cfg, "bos_token_id": ids["bos_token_id"], "eos_token_id": ids["eos_token_id"]}
     if ids.get("pad_token_id") is not None:
       hf_config["pad_token_id"] = ids["pad_token_id"]

@@ -17,7 +17,9 @@ Dimensions, from the parameters named as MaxText's checkpoint conversion names t
                              (gemma2: ``self_attention_local-`` / ``mlp_local-``; its layer is 2 HF layers;
                              olmo3: ``attention-``)
   num_experts, moe_mlp_dim   ``<moe>-gate-kernel`` [emb, experts], ``<moe>-wi_0`` [experts, emb, mlp]
-                             (<moe>: ``MoeBlock_0`` in mixtral's layers, ``moe_block`` in qwen3_moe's)
+                             (<moe>: ``MoeBlock_0`` in mixtral's layers, ``moe_block`` in qwen3_moe's,
+                             ``Llama4MoEBlock_0-MoeBlock_0`` in llama4's; the first layer that has one)
+  shared_mlp_dim             llama4's ``Llama4MoEBlock_0-shared_experts-wi_0-kernel`` [emb, shared]
   scan_layers                whether the parameters are stacked (``layers``) or per layer (``layers_<i>``)
   deepseek                   ``dense_layers_<i>`` + ``moe_layers_<j>``: num_decoder_layers,
                              first_num_dense_layers, the MLA ranks and head dims, mlp_dim, num_experts,
@@ -40,8 +42,11 @@ CONFIG_KEY = {"vocab_size": "vocab_size", "emb_dim": "base_emb_dim", "num_decode
               "qk_rope_head_dim": "qk_rope_head_dim", "v_head_dim": "v_head_dim"}
 
 
-# the routed-experts module's parameter names: mixtral's decoder layer (MoeBlock_0), qwen3_moe's (moe_block)
-MOE_BLOCKS = ("MoeBlock_0", "moe_block")
+# the routed-experts module's parameter names: mixtral's decoder layer (MoeBlock_0), qwen3_moe's (moe_block),
+# llama4's (Llama4MoEBlock_0-MoeBlock_0, beside its Llama4MoEBlock_0-shared_experts)
+MOE_BLOCKS = ("MoeBlock_0", "moe_block", "Llama4MoEBlock_0-MoeBlock_0")
+SHARED_EXPERTS = "Llama4MoEBlock_0-shared_experts"
+
 # the attention and MLP modules' names in a decoder layer (gemma2's layer holds a local and a global pair of
 # equal shapes: the local one is read)
 ATTENTION_MODULES = ("self_attention", "self_attention_local", "attention")
@@ -106,6 +111,12 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
     prefix = "params-decoder-layers-layers_0-"
   attn = next((a for a in ATTENTION_MODULES if prefix + a + "-query-kernel" in shapes), ATTENTION_MODULES[0])
   mlp = next((m for m in MLP_MODULES if prefix + m + "-wi_0-kernel" in shapes), MLP_MODULES[0])
+  # llama4 interleaves dense and MoE layers: the MLP and the experts are read from the first layer (or
+  # sub-layer of a scanned block) that has them
+  layer_prefixes = ([f"params-decoder-layers-layers_{k}-" for k in sorted(subs)] if axis is not None and subs
+                    else [f"params-decoder-layers_{i}-" for i in sorted(per_layer)] if axis is None else [prefix])
+  mlp_prefix = next((lp for lp in layer_prefixes if lp + mlp + "-wi_0-kernel" in shapes), prefix)
+  moe_prefix = next((lp for lp in layer_prefixes for m in MOE_BLOCKS if lp + m + "-gate-kernel" in shapes), prefix)
   q = shapes.get(prefix + attn + "-query-kernel")
   if q is not None and len(q) == 3 + (axis is not None):
     if axis is not None:
@@ -117,16 +128,19 @@ def dimensions(shapes: dict[str, tuple[int, ...]], *, param_scan_axis: int = 1) 
   k = shapes.get(prefix + attn + "-key-kernel")
   if k is not None and len(k) == 3 + (axis is not None):
     dims["num_kv_heads"] = _drop(k, axis)[1]
-  wi = shapes.get(prefix + mlp + "-wi_0-kernel")
+  wi = shapes.get(mlp_prefix + mlp + "-wi_0-kernel")
   if wi is not None and len(wi) == 2 + (axis is not None):
     dims["mlp_dim"] = _drop(wi, axis)[1]
-  moe = next((m for m in MOE_BLOCKS if prefix + m + "-gate-kernel" in shapes), MOE_BLOCKS[0])
-  gate = shapes.get(prefix + moe + "-gate-kernel")
+  moe = next((m for m in MOE_BLOCKS if moe_prefix + m + "-gate-kernel" in shapes), MOE_BLOCKS[0])
+  gate = shapes.get(moe_prefix + moe + "-gate-kernel")
   if gate is not None and len(gate) == 2 + (axis is not None):
     dims["num_experts"] = _drop(gate, axis)[1]
-  ewi = shapes.get(prefix + moe + "-wi_0")
+  ewi = shapes.get(moe_prefix + moe + "-wi_0")
   if ewi is not None and len(ewi) == 3 + (axis is not None):
     dims["moe_mlp_dim"] = _drop(ewi, axis)[2]
+  swi = shapes.get(moe_prefix + SHARED_EXPERTS + "-wi_0-kernel")
+  if swi is not None and len(swi) == 2 + (axis is not None):
+    dims["shared_mlp_dim"] = _drop(swi, axis)[1]
   return dims
 
 

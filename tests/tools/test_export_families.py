@@ -5,12 +5,13 @@ The checkpoints are MaxText's init shapes with seeded values (tests/export_famil
 ground truth is MaxText's forward (``model.apply`` of its model, fp32) of the checkpoint against our HF-order
 forward (``core.hf_forward``, what ``eval-quantized`` runs and what the peer oracles check against
 transformers) of the checkpoint converted by MaxText's own mappings: equal to 2e-5 of max|logits| (fp32
-op-order differences; measured <= 2.2e-6; gemma 9.2e-7, olmo3 8.2e-7, scanned olmo3 1.2e-6). One exception,
-MaxText's: with tied embeddings its logits use the embedding table cast to bf16
+op-order differences; measured <= 2.2e-6; gemma 9.2e-7, olmo3 8.2e-7, scanned olmo3 1.2e-6, llama4 6.3e-7).
+One exception, MaxText's: with tied embeddings its logits use the embedding table cast to bf16
 (``embeddings.attend_on_embedding``), so ours is given that table as ``lm_head`` -- which is also what a served
 model has, the export writing embeddings in bf16. A conversion-style layout error, and for gemma, gemma2,
-gemma3, deepseek and olmo3 each of the family's own operations turned off in our forward (``_OPERATIONS``),
-moves the logits > 100x the tolerance: the tiny configs exercise them.
+gemma3, deepseek, olmo3 and llama4 each of the family's own operations turned off in our forward
+(``_OPERATIONS``; llama4's temperature tuning and router score placement: their own test), moves the logits
+> 100x the tolerance: the tiny configs exercise them.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ _OPERATIONS = {
     # with MaxText's forward above is their check)
     "olmo3": {"window": _off(sliding_layers=()), "YaRN frequencies": _off(rope_yarn=None),
               "YaRN cos/sin scale": _off(rope_attention_factor=1.0), "q/k norms": _off(qk_norm=False)},
+    # (its llama3 RoPE frequencies only change wavelengths > 2048 tokens, which chunks of 8 cannot show:
+    # checked against MaxText's LLaMARotaryEmbedding directly in the llama4 test below)
+    "llama4": {"NoPE layer": _off(nope_layers=()), "chunked attention": _off(attention_chunk_size=0),
+               "L2 q/k norm": _off(qk_l2_norm=False), "interleaved RoPE pairs": _off(rope_interleaved=False),
+               "shared expert": _off(moe__shared_experts=False), "router score": _off(moe__scoring="softmax")},
 }
 
 
@@ -338,6 +344,119 @@ def test_what_olmo3_forward_cannot_express_is_refused_in_one_line(tmp_path, extr
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
 
   config = checkpoint.load_config(export_families.overrides("olmo3", str(tmp_path), **extra))
+  with pytest.raises(export_arch.UnsupportedModel) as e:
+    export_arch.check_supported(config)
+  assert "\n" not in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_llama4_temperature_tuning_score_placement_and_rope_frequencies_are_maxtexts(checkpoints, monkeypatch):
+  """What the default positions cannot show: temperature tuning (NoPE queries * (0.1 ln(floor((pos + 1) / 8192)
+  + 1) + 1): positions from 8176, a multiple of the chunk, so the chunks stay those of the token indices) and
+  where the router score applies (the expert's input, not its output), both > 100x the tolerance; and the
+  llama3 RoPE frequencies (they only move wavelengths > 2048 tokens, beyond any chunk of the tiny model) equal
+  to 1 / MaxText's own LLaMARotaryEmbedding timescale."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from maxtext.layers import embeddings  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints["llama4"]
+  items = checkpoint.find_items(d["ckpt"])
+  model = hf_conversion.to_hf(items, d["config"], model_shapes.check(items, d["config"]))
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  positions = np.broadcast_to(8176 + np.arange(32), (2, 32))
+  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
+  theirs = checkpoint.maxtext_logits(config, d["params"], tokens, positions=positions)
+  scale = np.abs(theirs).max()
+
+  def ours(shape):
+    return np.asarray(hf_forward.decoder_forward(model.tensors, shape, tokens, positions=positions)[0])
+
+  got = ours(model.shape)
+  np.testing.assert_allclose(got, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"llama4 from position 8176: ours vs MaxText {np.abs(got - theirs).max() / scale:.3g} of max|logits|")
+  moved = {"temperature tuning": ours(dataclasses.replace(model.shape, attn_temperature=None))}
+  # the score on the expert's output instead of its input (the expert is not linear: it differs)
+  with monkeypatch.context() as m:
+    m.setattr(hf_forward, "_route", lambda moe, logits, bias: (lambda v, e: (jax.nn.sigmoid(v), e))(
+        *jax.lax.top_k(logits, moe.top_k)))
+    moved["score on the expert's output"] = ours(_off(moe__scoring="softmax")(model.shape))
+  for op, logits in moved.items():
+    assert np.abs(logits - theirs).max() > 100 * 2e-5 * scale, op
+    print(f"llama4 without {op}: {np.abs(logits - theirs).max() / scale:.3g} of max|logits|")
+  rope = model.shape.rope_llama3
+  maxtext = embeddings.LLaMARotaryEmbedding(min_timescale=1, max_timescale=500000, mesh=None, embedding_dims=32,
+                                            use_scale=True)
+  theirs_inv = 1.0 / np.asarray(maxtext.timescale, np.float64).reshape(-1)[::2]
+  ours_inv = np.asarray(hf_forward.llama3_inv_freq(32, 500000.0, rope), np.float64)
+  np.testing.assert_allclose(ours_inv, theirs_inv, rtol=1e-6)
+  unscaled = 1.0 / 500000.0 ** (np.arange(0, 32, 2) / 32)
+  assert np.abs(unscaled / theirs_inv - 1).max() > 6  # the scaling bites: low frequencies / 8
+  assert jnp.asarray(ours_inv).shape == (16,)
+
+
+def test_llama4_exports_in_both_formats_with_a_config_transformers_reads_as_maxtexts_model(checkpoints):
+  """ModelOpt (calibrated) and compressed-tensors (weights only): Llama4ForCausalLM's names -- per-expert NVFP4
+  linears feed_forward.experts.<e>, the shared expert and the dense layers' feed_forward NVFP4, the router bf16
+  and excluded -- and a config.json transformers' Llama4TextConfig reads as the trained model; vLLM's
+  temperature-tuning switch in generation_config.json."""
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+
+  d = checkpoints["llama4"]
+  base = os.path.dirname(d["ckpt"].rstrip("/"))
+  for fmt, weight, flags in (("modelopt", ".weight", ["--calibration-batches", "1", "--calibrate-on-synthetic"]),
+                             ("compressed-tensors", ".weight_packed", ["--weights-only"])):
+    out = os.path.join(base, f"hf_{fmt}")
+    assert export.cli_main([d["ckpt"], "--out", out, "--format", fmt, "--no-tokenizer", *flags,
+                            *d["overrides"]]) == 0, fmt
+    t = _tensors(out)
+    for layer in (1, 3):
+      p = f"model.layers.{layer}.feed_forward."
+      assert t[p + "router.weight"][:2] == ("BF16", (4, 64))
+      assert t[p + "experts.3.down_proj" + weight][:2] == ("U8", (64, 32))
+      assert all(p + f"{m}.{n}_proj{weight}" in t for m in ("experts.0", "shared_expert")
+                 for n in ("gate", "up", "down"))
+    assert all(f"model.layers.{i}.feed_forward.{n}_proj{weight}" in t for i in (0, 2) for n in ("gate", "up", "down"))
+    assert not any("q_norm" in k or "k_norm" in k or "feed_forward.experts.gate_up_proj" in k for k in t)
+    with open(os.path.join(out, "config.json"), encoding="utf-8") as f:
+      raw = json.load(f)
+    q = raw["quantization_config"]
+    assert {"model.layers.1.feed_forward.router", "model.layers.3.feed_forward.router"} <= set(
+        q.get("ignore", q.get("exclude_modules", [])))
+    assert raw["architectures"] == ["Llama4ForCausalLM"] and raw["model_type"] == "llama4_text"
+    cfg = transformers.AutoConfig.from_pretrained(out)
+    assert type(cfg).__name__ == "Llama4TextConfig"
+    assert cfg.no_rope_layers == [1, 1, 1, 0] and cfg.moe_layers == [1, 3] and cfg.attention_chunk_size == 8
+    assert cfg.layer_types == ["chunked_attention"] * 3 + ["full_attention"]
+    assert cfg.num_local_experts == 4 and cfg.num_experts_per_tok == 1 and cfg.intermediate_size == 64
+    assert cfg.intermediate_size_mlp == 64 and cfg.use_qk_norm and cfg.attn_temperature_tuning
+    assert cfg.floor_scale == 8192 and cfg.attn_scale == 0.1 and cfg.head_dim == 32 and cfg.rms_norm_eps == 1e-5
+    assert cfg.rope_parameters == {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192}
+    with open(os.path.join(out, "generation_config.json"), encoding="utf-8") as f:
+      assert json.load(f) == {"attn_temperature_tuning": True}
+
+
+@pytest.mark.parametrize("extra,why", [
+    ({"rope_type": "default"}, "rope_type=default"),
+    ({"shared_experts": 2}, "shared_experts=2"),
+    ({"routed_score_func": "sigmoid"}, "routed_score_func='sigmoid'"),
+    ({"mlp_bias": True}, "mlp_bias=true"),
+    ({"scan_layers": True, "base_num_decoder_layers": 6}, "not a multiple of inhomogeneous_layer_cycle_interval=4"),
+])
+def test_what_llama4_forward_cannot_express_is_refused_in_one_line(tmp_path, extra, why):
+  """(num_experts_per_tok > 1 is MaxText's own refusal for llama4: its config validation, top-1 only.)"""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("llama4", str(tmp_path), **extra))
   with pytest.raises(export_arch.UnsupportedModel) as e:
     export_arch.check_supported(config)
   assert "\n" not in str(e.value) and why in str(e.value), str(e.value)

@@ -51,6 +51,11 @@ class HfConversion:
   # the chain of every mapping key ending with the first (gemma: gemma2's norm - 1 and embedding / sqrt(d))
   borrowed_hooks_fn: str = ""
   borrowed_hooks: tuple[tuple[str, str], ...] = ()
+  # the module holding names_fn / hooks_fn when MaxText's param_mapping has none for the block: the adapter's
+  # own functions, written from MaxText's facts and citing them ("": MaxText's param_mapping)
+  module: str = ""
+  # values the MaxText block hard-codes that the HF config must state, as (name, value) pairs
+  constants: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,11 @@ message; the keys it rewrites), ``layers/nnx_wrappers.py`` (DenseGeneral's ``nnx
 aqt)``), ``checkpoint_conversion/utils/param_mapping.py`` (the Llama 3.1, Qwen, Mixtral, Gemma 2, Gemma 3,
 DeepSeek and Olmo 3 mappings and their hook chains; ``tensor_handling.stacked_axes``: a scanned MoE weight
 stacks (experts, layers) leading), ``models/gemma3.py`` (``get_attention_type``, ``get_query_pre_attn_scalar``),
-``models/olmo3.py`` (``get_attention_type``).
+``models/olmo3.py`` (``get_attention_type``), ``models/llama4.py`` (``determine_is_nope_layer``,
+``determine_is_moe_layer``; the decoder layer's temperature tuning scale 0.1 and floor 8192),
+``layers/embeddings.py`` (``LLaMARotaryEmbedding._apply_scaling_factor``: factor 8, low_freq_factor 1,
+high_freq_factor 4, original context 8192), ``checkpoint_conversion/standalone_scripts/llama4_ckpt_unscanned.py``
+(llama4's HF names and layouts: :mod:`.llama4_v0_2_5`).
 """
 
 import dataclasses
@@ -121,6 +125,10 @@ TOUCHES: tuple[Touch, ...] = (
           use="which gemma3 layers slide (HF layer_types of the export; export_arch)"),
     Touch(module="maxtext.models.gemma3", symbol="get_query_pre_attn_scalar",
           use="gemma3's query scale, as HF's query_pre_attn_scalar (export_arch)"),
+    Touch(module="maxtext.models.llama4", symbol="determine_is_nope_layer",
+          use="which llama4 layers have no RoPE (HF no_rope_layers of the export; export_arch)"),
+    Touch(module="maxtext.models.llama4", symbol="determine_is_moe_layer",
+          use="which llama4 layers have routed experts (HF moe_layers of the export; export_arch)"),
     Touch(module="maxtext.input_pipeline.input_pipeline_interface", symbol="create_data_iterator",
           use="the run's eval batches for the export's calibration (checkpoint.eval_batches)"),
     Touch(module="maxtext.utils.model_creation_utils", symbol="from_config",
@@ -216,6 +224,13 @@ ADAPTER = MaxTextVersion(
             names_fn="OLMO3_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="OLMO3_MAXTEXT_TO_HF_PARAM_HOOK_FN",
             hooks=frozenset({"reshape_kernel", "scale_rmsnorm_layer", "adapt_olmo3_qk_norm",
                              "pad_hf_embedding_layer"})),
+        # llama4: no mapping in param_mapping; the adapter's own (llama4_v0_2_5.py, from MaxText's llama4 conversion
+        # script): transposes only -- no RoPE permutation (both rotate interleaved pairs), no query scale
+        "llama4": HfConversion(
+            names_fn="LLAMA4_MAXTEXT_TO_HF_PARAM_MAPPING", hooks_fn="LLAMA4_MAXTEXT_TO_HF_PARAM_HOOK_FN",
+            hooks=frozenset({"reshape_kernel"}), module="maxtext_nvfp4.integration.maxtext_versions.llama4_v0_2_5",
+            constants=(("attn_scale", 0.1), ("floor_scale", 8192.0), ("rope_factor", 8.0), ("low_freq_factor", 1.0),
+                       ("high_freq_factor", 4.0), ("original_max_position_embeddings", 8192.0))),
     },
     scanned_expert_axes=(0, 1),  # checkpoint_conversion/utils/tensor_handling.py stacked_axes: leading
     configs_dir="configs",
