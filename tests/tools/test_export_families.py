@@ -379,15 +379,15 @@ def test_llama4_temperature_tuning_score_placement_and_rope_frequencies_are_maxt
   got = ours(model.shape)
   np.testing.assert_allclose(got, theirs, atol=2e-5 * scale, rtol=0)
   print(f"llama4 from position 8176: ours vs MaxText {np.abs(got - theirs).max() / scale:.3g} of max|logits|")
-  moved = {"temperature tuning": ours(dataclasses.replace(model.shape, attn_temperature=None))}
+  moved = {"no temperature tuning": ours(dataclasses.replace(model.shape, attn_temperature=None))}
   # the score on the expert's output instead of its input (the expert is not linear: it differs)
   with monkeypatch.context() as m:
     m.setattr(hf_forward, "_route", lambda moe, logits, bias: (lambda v, e: (jax.nn.sigmoid(v), e))(
         *jax.lax.top_k(logits, moe.top_k)))
-    moved["score on the expert's output"] = ours(_off(moe__scoring="softmax")(model.shape))
+    moved["the score on the expert's output"] = ours(_off(moe__scoring="softmax")(model.shape))
   for op, logits in moved.items():
     assert np.abs(logits - theirs).max() > 100 * 2e-5 * scale, op
-    print(f"llama4 without {op}: {np.abs(logits - theirs).max() / scale:.3g} of max|logits|")
+    print(f"llama4 with {op}: {np.abs(logits - theirs).max() / scale:.3g} of max|logits|")
   rope = model.shape.rope_llama3
   maxtext = embeddings.LLaMARotaryEmbedding(min_timescale=1, max_timescale=500000, mesh=None, embedding_dims=32,
                                             use_scale=True)
@@ -460,3 +460,31 @@ def test_what_llama4_forward_cannot_express_is_refused_in_one_line(tmp_path, ext
   with pytest.raises(export_arch.UnsupportedModel) as e:
     export_arch.check_supported(config)
   assert "\n" not in str(e.value) and why in str(e.value), str(e.value)
+
+
+def test_a_scanned_llama4_checkpoint_converts_to_what_maxtexts_forward_computes(tmp_path):
+  """MaxText's default scan_layers=true: Llama4ScannableBlock stacks ``layers_<k>`` (sub-layer k of each block of
+  inhomogeneous_layer_cycle_interval=4 layers); 8 layers = 2 blocks of (RoPE dense, RoPE MoE, RoPE dense, NoPE
+  MoE). The routed experts stack (experts, blocks) leading."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
+
+  d = export_families.make("llama4", str(tmp_path), base_num_decoder_layers=8, scan_layers=True)
+  items = checkpoint.find_items(d["ckpt"])
+  dims = model_shapes.check(items, d["config"])
+  assert dims["scan_layers"] and dims["num_decoder_layers"] == 8 and dims["num_experts"] == 4
+  assert dims["mlp_dim"] == 64 and dims["moe_mlp_dim"] == 64 and dims["shared_mlp_dim"] == 64
+  model = hf_conversion.to_hf(items, d["config"], dims)
+  assert model.shape.nope_layers == (3, 7) and model.shape.moe.layers == (1, 3, 5, 7)
+  assert model.tensors["model.layers.7.feed_forward.experts.2.down_proj.weight"].shape == (64, 64)
+  tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
+  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(model.tensors, tokens))
+  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
+  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
+  scale = np.abs(theirs).max()
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"llama4 scanned: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
