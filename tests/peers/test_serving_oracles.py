@@ -14,15 +14,18 @@ and runs ``peer_side/serving_run.py`` once for all of them. The checks are funct
 * vLLM's ``dequantize_to_dtype`` of the exported tensors equals our W4A16 weights
   (``core.serving.served_weights(..., "nvfp4-w4a16")``) bit for bit, in fp32 and in bf16.
 * transformers' class for the architecture, loaded by ``from_pretrained`` (its own name mapping; MoE experts
-  merged by its conversion mapping; no missing or unexpected key) with those weights, matches our forward
+  merged by its conversion mapping; Llama 4's, which it has no mapping for, fused into Llama4TextExperts'
+  [E, hidden, 2I] / [E, I, hidden] by the peer script, ``serving_run.fuse_llama4_experts``; no missing or
+  unexpected key) with those weights, matches our forward
   (``core.hf_forward``, what ``eval-quantized`` runs) of the same weights: |diff| <= 1e-5 * max|logits|.
   Both are fp32 with the same weights; they differ only in operation order (attention einsums vs bmm,
   softmax/RMSNorm reductions, RoPE's cos/sin, the experts' combine), a few fp32 ulps per op over 2 layers:
   <= 1.5e-6 of max|logits| measured (2026-12-02; gemma 4.5e-7, gemma2 1.5e-6, gemma3 (6 layers) 1.0e-6, deepseek 7e-7,
-  olmo3 (4 layers, YaRN in every layer) 7.8e-7),
-  so 1e-5 leaves a 6x margin; a layout error (a swapped or
-  transposed projection, RoPE halves vs pairs, a missing query scale, experts in the wrong order) moves
-  the logits by O(1) (``test_transformers_check_catches_a_layout_error``).
+  olmo3 (4 layers, YaRN in every layer) 7.8e-7, llama4 (4 layers: NoPE, chunks, 2 MoE) 5.8e-7),
+  so 1e-5 leaves a 6x margin (llama4 at 16 tokens: its NoPE temperature tuning is 1 below position 8191, so
+  this check does not see it; tests/tools/test_export_families.py checks it against MaxText); a layout error
+  (a swapped or transposed projection, RoPE halves vs pairs, a missing query scale, experts in the wrong
+  order) moves the logits by O(1) (``test_transformers_check_catches_a_layout_error``).
 * The compressed-tensors export loads through ``AutoModelForCausalLM.from_pretrained`` with
   ``CompressedTensorsConfig(dequantize=True)`` on CPU (no missing key; the only unused keys are the
   ``input_global_scale`` activation scales, which a dequantized model has no use for) and its logits match
@@ -61,7 +64,7 @@ import export_families
 import peer_support
 
 FAMILIES = {"llama2": {"quantization": "nvfp4", "nvfp4_keep_last_layers": 1}, "qwen3": {}, "qwen3_moe": {},
-            "mixtral": {}, "gemma": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}, "olmo3": {}}
+            "mixtral": {}, "gemma": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}, "olmo3": {}, "llama4": {}}
 MOE = ("qwen3_moe", "mixtral", "deepseek")  # transformers fuses their experts
 LOGITS_RTOL = 1e-5  # of max |logits|; see the module docstring
 
@@ -232,14 +235,17 @@ def test_transformers_matches_our_forward(exports, family):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_compressed_tensors_export_loads_in_transformers_with_our_weights(exports, family):
-  """Every NVFP4 linear that transformers keeps as a module of its own (all but fused MoE experts)
-  dequantizes to bf16 of our W4A16 weights (vLLM's bf16 decode, checked bit for bit above), bit for bit."""
+  """Every NVFP4 linear that transformers keeps as a module of its own (all but fused MoE experts; Llama 4's
+  experts too: for compressed-tensors, transformers swaps Llama4TextExperts for per-expert linears under the
+  export's names, quantizers/base.py SequentialLlama4TextExperts) dequantizes to bf16 of our W4A16 weights
+  (vLLM's bf16 decode, checked bit for bit above), bit for bit."""
   e = exports[family]
   loading = e["report"]["ct_loading"]
   assert not loading["missing_keys"] and not loading["mismatched_keys"] and not loading["error_msgs"], loading
   assert all(k.endswith(".input_global_scale") for k in loading["unexpected_keys"]), loading["unexpected_keys"]
   names = [k[len("ct_w."):] for k in e["peer"] if k.startswith("ct_w.")]
-  assert names and all(".experts." not in n for n in names)
+  assert names and (family == "llama4" or all(".experts." not in n for n in names))
+  assert family != "llama4" or sum(".experts." in n for n in names) == 2 * 4 * 3  # 2 MoE layers x 4 experts
   for n in names:
     np.testing.assert_array_equal(e["peer"][f"ct_w.{n}"].view(np.uint32),
                                   e["peer"][f"vllm_bf16.{n}"].astype(np.float32).view(np.uint32), err_msg=n)
@@ -397,8 +403,8 @@ def check_vllm_parses(export_dir, fmt, report):
   covered, chosen = set(), {}
   for prefix, rec in report["layers"].items():
     assert rec["kernel_error"] is None or rec["kernel_error"].split(": ", 1)[1].startswith(NO_KERNEL), (prefix, rec)
-    if rec["layer"] in ("Attention", "MLAAttention"):  # its KV-cache scale method (kv_cache_quant_algo null: no
-      continue  # scales to load); deepseek's MLA attention gets ModelOpt's too
+    if rec["layer"] in ("Attention", "MLAAttention", "ChunkedLocalAttention"):  # its KV-cache scale method
+      continue  # (kv_cache_quant_algo null: no scales to load); deepseek's MLA and llama4's chunked attention too
     if rec["layer"] == "VocabParallelEmbedding":
       assert rec["method"] is None, (prefix, rec)
       continue
@@ -432,6 +438,9 @@ def test_vllm_config_parsing_accepts_our_export(vllm_parsed, case):
   export_dir, fmt, report = vllm_parsed[case]
   chosen = check_vllm_parses(export_dir, fmt, report)
   assert report["versions"]["vllm"].startswith("0.33.0"), report["versions"]
+  if case.startswith("llama4-"):  # vLLM reads MaxText's layer pattern: chunked RoPE layers, one global NoPE layer
+    kinds = [report["layers"][f"model.layers.{i}.self_attn.attn"]["layer"] for i in range(4)]
+    assert kinds == ["ChunkedLocalAttention"] * 3 + ["Attention"], kinds
   print(f"{case}: vLLM {report['quantization']} ({report['model_class']}), {len(chosen)} NVFP4 layers:"
         f" {sorted(set(chosen.values()))}")
 

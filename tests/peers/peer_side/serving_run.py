@@ -17,7 +17,8 @@ of the ModelOpt export:
   hf.logits                             transformers: ``AutoModelForCausalLM.from_pretrained`` (fp32, eager) of
                                         a folder holding the export's config (no quantization_config) and its
                                         tensors with vLLM's fp32 decode for the NVFP4 linears -- transformers'
-                                        own loader maps the names (MoE experts merged by its conversion mapping)
+                                        own loader maps the names (MoE experts merged by its conversion mapping;
+                                        Llama 4's, which it has no mapping for, by ``fuse_llama4_experts``)
   hf_bf16.logits                        the same with vLLM's bf16 decode (what transformers' dequantization gives)
   ct.logits / ct_w.<n>                  (compressed-tensors export) ``from_pretrained`` with
                                         ``CompressedTensorsConfig(dequantize=True)`` on CPU, fp32: logits, and
@@ -32,6 +33,7 @@ and OUT_DIR/<family>.json: the loaders' reports (missing/unexpected keys, the co
 
 import json
 import pathlib
+import re
 import sys
 import tempfile
 
@@ -73,6 +75,27 @@ def modelopt_and_vllm(exported: dict, trained: dict, out: dict) -> list[str]:
   return linears
 
 
+def fuse_llama4_experts(state: dict) -> dict:
+  """Llama 4's per-expert linears (the names vLLM's llama4 loader and ModelOpt's NVFP4 Llama 4 checkpoints use)
+  as transformers' Llama4TextExperts holds them: ``experts.gate_up_proj`` [E, hidden, 2I] = [gate^T | up^T] and
+  ``experts.down_proj`` [E, I, hidden] = down^T per expert. transformers 5.24 has no conversion mapping for these
+  names (conversion_mapping.py has none for llama4), so this oracle fuses them itself, in Llama4TextExperts'
+  layout (its forward: ``bmm(x, gate_up_proj)``, ``gate, up = chunk(2)``)."""
+  out, experts = {}, {}
+  for k, v in state.items():
+    m = re.match(r"^(.*\.feed_forward\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$", k)
+    if m:
+      experts.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = v
+    else:
+      out[k] = v
+  for prefix, w in experts.items():
+    n = 1 + max(e for e, _ in w)
+    out[prefix + ".gate_up_proj"] = torch.stack([torch.cat([w[(e, "gate")].T, w[(e, "up")].T], dim=1)
+                                                 for e in range(n)])
+    out[prefix + ".down_proj"] = torch.stack([w[(e, "down")].T for e in range(n)])
+  return out
+
+
 def hf_logits(export_dir: pathlib.Path, exported: dict, decoded: dict, tokens, report: dict) -> torch.Tensor:
   import transformers  # pylint: disable=import-outside-toplevel
 
@@ -81,6 +104,8 @@ def hf_logits(export_dir: pathlib.Path, exported: dict, decoded: dict, tokens, r
   config["dtype"] = "float32"
   state = {k: v.float() for k, v in exported.items() if k.endswith((".weight", "bias")) and v.dtype != torch.uint8}
   state.update({f"{n}.weight": w for n, w in decoded.items()})
+  if config["model_type"] == "llama4_text":
+    state = fuse_llama4_experts(state)
   with tempfile.TemporaryDirectory() as tmp:
     (pathlib.Path(tmp) / "config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in state.items()}, str(pathlib.Path(tmp) / "model.safetensors"),
