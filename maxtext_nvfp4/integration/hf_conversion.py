@@ -1,7 +1,8 @@
 """A MaxText checkpoint as Hugging Face tensors, one layer at a time, through MaxText's own conversion.
 
 MaxText's ``param_mapping`` functions for the block (the adapter's ``hf_conversions``; what
-``checkpoint_conversion/to_huggingface.py`` calls) give, per MaxText parameter, its HF name(s) in one of
+``checkpoint_conversion/to_huggingface.py`` calls; for a block param_mapping lacks, llama4, the adapter's own
+functions of the same form, ``HfConversion.module``) give, per MaxText parameter, its HF name(s) in one of
 four forms, which :func:`plan` flattens into :class:`Item` rows (``to_huggingface``'s
 ``process_maxtext_param`` cases):
 

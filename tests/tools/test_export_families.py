@@ -488,3 +488,20 @@ def test_a_scanned_llama4_checkpoint_converts_to_what_maxtexts_forward_computes(
   scale = np.abs(theirs).max()
   np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
   print(f"llama4 scanned: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
+
+
+def test_a_llama4_nvfp4_run_keeps_every_linear_of_a_kept_moe_layer(tmp_path):
+  """The plan's roles reach llama4's every linear: a kept last layer (NoPE, MoE) is bf16 in all 19 (q/k/v/o, 4
+  experts x 3, the shared expert's 3), every other layer NVFP4 (its dense MLP's too)."""
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
+
+  config = checkpoint.load_config(export_families.overrides("llama4", str(tmp_path), quantization="nvfp4",
+                                                            nvfp4_keep_last_layers=1))
+  dims = {"num_decoder_layers": 4, "num_query_heads": 4, "num_kv_heads": 2, "head_dim": 32, "num_experts": 4,
+          "moe_mlp_dim": 64, "mlp_dim": 64}
+  trained = hf_conversion.trained_nvfp4(config, export_arch.forward_shape(config, dims))
+  assert len(trained) == 2 * 7 + 2 * 19
+  assert all(trained[n] == (int(n.split(".")[2]) < 3) for n in trained), trained
+  assert "model.layers.3.feed_forward.shared_expert.down_proj" in trained
