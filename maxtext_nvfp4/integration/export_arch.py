@@ -65,10 +65,13 @@ sqrt(d), what HF/vLLM multiply by in bf16; gemma2: fp32 sqrt(d)) leaves the inpu
 at most the bf16 rounding of sqrt(d), |1 - sqrt(d) / bf16(sqrt(d))| <= 2^-9.
 
 Every other block (gpt_oss, gpt3, ...) is refused in one line naming the supported
-ones; gpt_oss with its reason (``REFUSED``): HF's GptOssForCausalLM holds each layer's experts as fused
-3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
-biases), which is what MaxText's mapping builds, and neither transformers' GptOssExperts nor vLLM's
-gpt_oss loader takes per-expert NVFP4 linears.
+ones; gpt_oss with its reason (``REFUSED``), for both formats: HF's GptOssForCausalLM holds each layer's experts
+as fused 3-D tensors (``mlp.experts.gate_up_proj`` [E, H, 2I], gate/up interleaved, ``down_proj``, and their
+biases: what MaxText's mapping builds), which transformers 5.24 loads in bf16 or MXFP4 only; vLLM 0.33.0's
+gpt_oss loader (models/gpt_oss.py ``_load_weights_other``) streams an expert's NVFP4 packed weight and block
+scale per expert, but no checkpoint name reaches the per-tensor scales its NVFP4 MoE methods need
+(compressed-tensors' weight/input global scales, ModelOpt's weight_scale_2 / input_scale): an export would
+load with those uninitialized or fail. tests/peers checks this against vLLM's own loader functions.
 
 Excluded from NVFP4 (written bf16, listed in the configs' ignore list): embeddings, norms, routers,
 ``lm_head``, and every linear that did not train in NVFP4 (DeepSeek's e_score_correction_bias: fp32).
@@ -349,10 +352,12 @@ FAMILIES: dict[str, ExportFamily] = {
 
 # blocks refused with a reason of their own (a fact of the HF format, not a missing row)
 REFUSED = {
-    "gpt_oss": "GptOssForCausalLM holds each layer's experts as fused 3-D tensors (mlp.experts.gate_up_proj"
-               " [E, H, 2I], gate/up interleaved, + biases; MaxText's mapping builds exactly those), and neither"
-               " transformers' GptOssExperts nor vLLM's gpt_oss loader takes per-expert NVFP4 linears: no NVFP4"
-               " layout to write",
+    "gpt_oss": "no NVFP4 layout of its experts loads in vLLM 0.33 or transformers 5.24, in either format:"
+               " GptOssForCausalLM holds them as fused 3-D tensors (mlp.experts.gate_up_proj [E, H, 2I], gate/up"
+               " interleaved, + biases; transformers' GptOssExperts loads bf16 or MXFP4 only), and vLLM's gpt_oss"
+               " loader streams per-expert packed weights and block scales but no name into the experts'"
+               " per-tensor scales (compressed-tensors *_weight_global_scale / *_input_global_scale, ModelOpt"
+               " *_weight_scale_2 / *_input_scale; docs/export.md)",
 }
 
 

@@ -47,6 +47,10 @@ and runs ``peer_side/serving_run.py`` once for all of them. The checks are funct
   embeddings, routers, kept bf16 layers), and every NVFP4 tensor lands in an NVFP4 layer. The CPU has no NVFP4
   kernel: the only error a layer may report is vLLM's missing-kernel one, after the choice (read from the
   chosen method's ``__init__``). Three broken exports must fail it (``test_vllm_check_catches_a_broken_export``).
+* gpt_oss is refused in both formats (``export_arch.REFUSED``): vLLM 0.33.0's own gpt_oss loader functions, run on
+  every candidate name, stream per-expert packed weights and block scales but no NVFP4 per-tensor scale, and
+  compressed-tensors' input global scales are no parameter name at all (``peer_side/vllm_config_run.py
+  --gpt-oss-routes``; a doctored report with such a route must fail the check).
 """
 
 from __future__ import annotations
@@ -454,3 +458,56 @@ def test_vllm_check_catches_a_broken_export(vllm_parsed, name):
   with pytest.raises(AssertionError, match=BROKEN[name][3]) as caught:
     check_vllm_parses(export_dir, fmt, report)
   print(f"broken {name}: {str(caught.value).splitlines()[0]}")
+
+
+# ---- gpt_oss: why neither format exports (peer_side/vllm_config_run.py --gpt-oss-routes) -----------------------
+
+# the per-tensor scales each NVFP4 MoE method's create_weights registers (vLLM 0.33.0:
+# compressed_tensors_moe_w4a4_nvfp4.py, modelopt.py ModelOptNvFp4FusedMoE); the export must fill every one
+GPT_OSS_GLOBAL_SCALES = {"compressed-tensors": ("w13_weight_global_scale", "w2_weight_global_scale",
+                                                "w13_input_global_scale", "w2_input_global_scale"),
+                         "modelopt": ("w13_weight_scale_2", "w2_weight_scale_2", "w13_input_scale", "w2_input_scale")}
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_routes(tmp_path_factory):
+  out = tmp_path_factory.mktemp("gpt_oss") / "routes.json"
+  peer_support.run_peer("vllm_config_run.py", "--gpt-oss-routes", out)
+  return json.loads(out.read_text())
+
+
+def check_gpt_oss_has_no_route_for_global_scales(routes):
+  """What the gpt_oss refusal (export_arch.REFUSED) rests on, in vLLM 0.33.0's own loader: per-expert packed weights
+  and block scales have a route (``GptOssModel._get_streamed_expert_info``, its streamed-expert table), but no
+  checkpoint name is streamed into a per-tensor scale of either NVFP4 MoE method. The names that are not streamed
+  go to ``_load_weights_other``'s fused branches (``.w13_weight`` / ``.w2_weight`` in the name: 3-index slicing
+  and a permute, which a per-expert or [E] / [E, 2] scale cannot pass) or are dropped when no parameter has that
+  name; compressed-tensors' input global scales are never a parameter name (``maybe_remap_moe_expert_param_name``
+  does not know them), so they would stay ``torch.empty``."""
+  for fmt, scales in GPT_OSS_GLOBAL_SCALES.items():
+    assert set(scales) <= set(routes["params"][fmt]), (fmt, routes["params"][fmt])
+  streamed = {r["streamed"][0] for r in routes["names"].values() if r["streamed"]}
+  assert {"w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale"} <= streamed, streamed
+  for fmt, scales in GPT_OSS_GLOBAL_SCALES.items():
+    assert not streamed & set(scales), f"vLLM now streams {sorted(streamed & set(scales))} ({fmt}): revisit the" \
+        " gpt_oss refusal (export_arch.REFUSED)"
+  reached = {r["remapped"].rsplit(".", 1)[1] for r in routes["names"].values() if r["is_param"]}
+  unreachable = {"w13_input_global_scale", "w2_input_global_scale"} - reached
+  assert unreachable == {"w13_input_global_scale", "w2_input_global_scale"}, reached
+  return streamed
+
+
+def test_vllm_gpt_oss_loader_has_no_route_for_nvfp4_global_scales(gpt_oss_routes):
+  streamed = check_gpt_oss_has_no_route_for_global_scales(gpt_oss_routes)
+  print(f"vLLM 0.33.0 gpt_oss streams per expert: {sorted(streamed)}; global scales: none")
+
+
+def test_gpt_oss_route_check_catches_a_new_route(gpt_oss_routes):
+  """A vLLM that streamed compressed-tensors' weight global scale per expert would fail the check (and reopen
+  gpt_oss's compressed-tensors export)."""
+  import copy  # pylint: disable=import-outside-toplevel
+  routes = copy.deepcopy(gpt_oss_routes)
+  routes["names"]["model.layers.0.mlp.experts.0.w13_weight_global_scale"]["streamed"] = [
+      "w13_weight_global_scale", "gpt_oss_w13"]
+  with pytest.raises(AssertionError, match="revisit the gpt_oss refusal"):
+    check_gpt_oss_has_no_route_for_global_scales(routes)

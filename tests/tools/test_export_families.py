@@ -236,7 +236,7 @@ def test_eval_quantized_serves_an_moe_checkpoint(checkpoints, tmp_path):
 
 
 @pytest.mark.parametrize("model,block,why", [("gpt3-52k", "gpt3", None),
-                                             ("gpt-oss-20b", "gpt_oss", "mlp.experts.gate_up_proj")])
+                                             ("gpt-oss-20b", "gpt_oss", "_input_global_scale")])
 def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, block, why):
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import export_arch  # pylint: disable=import-outside-toplevel
@@ -247,7 +247,7 @@ def test_an_unsupported_family_is_one_line_naming_what_exports(tmp_path, model, 
   msg = str(e.value)
   assert "\n" not in msg and f"decoder_block={block} " in msg
   assert all(f in msg for f in export_families.FAMILIES)
-  assert why is None or why in msg  # gpt_oss: the reason its HF format cannot hold per-expert NVFP4
+  assert why is None or why in msg  # gpt_oss: the reason no NVFP4 layout of its experts loads
 
 
 def test_a_gemma2_nvfp4_run_keeps_both_hf_layers_of_a_kept_maxtext_layer(tmp_path):

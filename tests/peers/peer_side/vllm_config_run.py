@@ -1,7 +1,8 @@
 """Peer side of the vLLM config oracle: vLLM 0.33.0's own config parsing and per-layer quantization dispatch of
 our exports, on CPU (vLLM has no CPU NVFP4 kernel; nothing here runs a GEMM or loads a weight).
 
-Usage: vllm_config_run.py JOBS.json OUT.json     (or --warm: import vLLM and inspect every architecture we export)
+Usage: vllm_config_run.py JOBS.json OUT.json     (or --warm: import vLLM and inspect every architecture we export;
+       or --gpt-oss-routes OUT.json: where vLLM's gpt_oss loader sends NVFP4 expert tensors, ``gpt_oss_routes``)
 
 Runs with ``PYTHONPATH=.peers/vllm_site`` (peers_env.VLLM_ENV, set by the main side before the interpreter starts:
 vLLM's model registry inspects an architecture in a subprocess that must import the same vLLM). Per job
@@ -159,6 +160,68 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def gpt_oss_routes() -> dict:
+  """Where vLLM 0.33.0's gpt_oss loader (``models/gpt_oss.py``) sends each expert tensor an NVFP4 export could
+  write, for both NVFP4 MoE methods (the real ``create_weights`` of ``CompressedTensorsW4A4Nvfp4MoEMethod`` and
+  ``ModelOptNvFp4FusedMoE`` on a bare module: the parameters a gpt_oss expert layer holds under
+  ``model.layers.0.mlp.experts.routed_experts.``; their ``__init__``, which asks for a CUDA MoE kernel, is skipped).
+
+  Per candidate checkpoint name: ``GptOssForCausalLM.hf_to_vllm_mapper`` (the model's own renaming), then
+  ``weight_utils.maybe_remap_moe_expert_param_name`` and ``GptOssModel._get_streamed_expert_info`` (the per-expert
+  "streamed" route of ``_load_weights_other``), as ``load_weights`` applies them. Returns ``{"params": {method:
+  [parameter names]}, "names": {candidate: {"mapped", "remapped", "streamed": [parameter, shard] or None,
+  "is_param"}}}``."""
+  import types  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # pylint: disable=import-outside-toplevel
+      compressed_tensors_moe_w4a4_nvfp4 as ct_moe)
+  from vllm.model_executor.layers.quantization import modelopt  # pylint: disable=import-outside-toplevel
+  from vllm.model_executor.model_loader.weight_utils import maybe_remap_moe_expert_param_name  # pylint: disable=import-outside-toplevel
+  from vllm.model_executor.models.gpt_oss import GptOssForCausalLM, GptOssModel  # pylint: disable=import-outside-toplevel
+
+  from vllm.config import VllmConfig, set_current_vllm_config  # pylint: disable=import-outside-toplevel
+  from vllm.distributed import parallel_state  # pylint: disable=import-outside-toplevel
+
+  # ModelOpt's parameters read the tensor-parallel rank: one process, world size 1, a default config
+  with set_current_vllm_config(VllmConfig()):
+    parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+    parallel_state.initialize_model_parallel(1, 1)
+  moe = types.SimpleNamespace(is_act_and_mul=True)
+  ct = object.__new__(ct_moe.CompressedTensorsW4A4Nvfp4MoEMethod)
+  ct.moe, ct.group_size = moe, 16
+  mo = object.__new__(modelopt.ModelOptNvFp4FusedMoE)
+  mo.moe, mo.use_global_sf = moe, False
+  mo.quant_config = types.SimpleNamespace(is_checkpoint_nvfp4_serialized=True, group_size=16)
+  prefix = "model.layers.0.mlp.experts."
+  params, out = {}, {"params": {}, "names": {}}
+  for name, method in (("compressed-tensors", ct), ("modelopt", mo)):
+    layer = torch.nn.Module()
+    method.create_weights(layer, num_experts=2, hidden_size=64, intermediate_size_per_partition=32,
+                          params_dtype=torch.bfloat16, weight_loader=None, global_num_experts=2)
+    out["params"][name] = sorted(n for n, _ in layer.named_parameters())
+    params.update({prefix + "routed_experts." + n: p for n, p in layer.named_parameters()})
+  ct_leaves = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", "bias")
+  mo_leaves = ("weight", "weight_scale", "weight_scale_2", "input_scale", "bias")
+  candidates = []
+  for w in ("w13", "w2"):  # vLLM's own per-expert names (the streamed table's form) and fused names
+    candidates += [f"{prefix}0.{w}_{leaf}" for leaf in ct_leaves + mo_leaves]
+    candidates += [f"{prefix}{w}_{leaf}" for leaf in ct_leaves + mo_leaves]
+  for hf in ("gate_up_proj", "down_proj"):  # HF's fused names: ModelOpt's GptOssExperts export, and dotted (quark)
+    candidates += [f"{prefix}{hf}", f"{prefix}{hf}_bias"]
+    candidates += [f"{prefix}{hf}_{leaf}" for leaf in ("weight_scale", "weight_scale_2", "input_scale")]
+    candidates += [f"{prefix}{hf}.{leaf}" for leaf in ("weight", "weight_scale", "weight_scale_2", "input_scale")]
+  for g in ("gate_proj", "up_proj", "down_proj"):  # per-expert HF linears (the other MoE families' layout)
+    candidates += [f"{prefix}0.{g}.{leaf}" for leaf in ct_leaves + mo_leaves]
+  for c in dict.fromkeys(candidates):
+    mapped = GptOssForCausalLM.hf_to_vllm_mapper._map_name(c)  # pylint: disable=protected-access
+    remapped = None if mapped is None else maybe_remap_moe_expert_param_name(mapped, params)
+    info = None if remapped is None else GptOssModel._get_streamed_expert_info(remapped, params)  # pylint: disable=protected-access
+    out["names"][c] = {"mapped": mapped, "remapped": remapped, "is_param": remapped in params,
+                       "streamed": None if info is None else [info[1].rsplit(".", 1)[1], info[2]]}
+  return out
+
+
 def warm() -> None:
   """Import vLLM and let its registry inspect every architecture we export (cached under VLLM_CACHE_ROOT)."""
   from vllm.config import ModelConfig  # pylint: disable=import-outside-toplevel
@@ -183,6 +246,9 @@ def main(argv) -> None:
     os.execve(sys.executable, [sys.executable, __file__, *argv], env)
   if argv == ["--warm"]:
     warm()
+    return
+  if argv[:1] == ["--gpt-oss-routes"]:
+    pathlib.Path(argv[1]).write_text(json.dumps(gpt_oss_routes(), indent=1))
     return
   jobs_path, out_path = argv
   import transformers  # pylint: disable=import-outside-toplevel
