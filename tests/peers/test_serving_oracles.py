@@ -47,10 +47,10 @@ and runs ``peer_side/serving_run.py`` once for all of them. The checks are funct
   embeddings, routers, kept bf16 layers), and every NVFP4 tensor lands in an NVFP4 layer. The CPU has no NVFP4
   kernel: the only error a layer may report is vLLM's missing-kernel one, after the choice (read from the
   chosen method's ``__init__``). Three broken exports must fail it (``test_vllm_check_catches_a_broken_export``).
-* gpt_oss is refused in both formats (``export_arch.REFUSED``): vLLM 0.33.0's own gpt_oss loader functions, run on
-  every candidate name, stream per-expert packed weights and block scales but no NVFP4 per-tensor scale, and
-  compressed-tensors' input global scales are no parameter name at all (``peer_side/vllm_config_run.py
-  --gpt-oss-routes``; a doctored report with such a route must fail the check).
+* gpt_oss is refused in both formats (``export_arch.REFUSED``): vLLM 0.33.0's own gpt_oss loader
+  (``GptOssModel._load_weights_other``), run on every candidate expert tensor of either format, loads per-expert
+  packed weights and block scales but fills no NVFP4 per-tensor scale: each such name raises or is dropped
+  (``peer_side/vllm_config_run.py --gpt-oss-routes``; a doctored report with such a route must fail the check).
 """
 
 from __future__ import annotations
@@ -477,37 +477,44 @@ def gpt_oss_routes(tmp_path_factory):
 
 
 def check_gpt_oss_has_no_route_for_global_scales(routes):
-  """What the gpt_oss refusal (export_arch.REFUSED) rests on, in vLLM 0.33.0's own loader: per-expert packed weights
-  and block scales have a route (``GptOssModel._get_streamed_expert_info``, its streamed-expert table), but no
-  checkpoint name is streamed into a per-tensor scale of either NVFP4 MoE method. The names that are not streamed
-  go to ``_load_weights_other``'s fused branches (``.w13_weight`` / ``.w2_weight`` in the name: 3-index slicing
-  and a permute, which a per-expert or [E] / [E, 2] scale cannot pass) or are dropped when no parameter has that
-  name; compressed-tensors' input global scales are never a parameter name (``maybe_remap_moe_expert_param_name``
-  does not know them), so they would stay ``torch.empty``."""
+  """What the gpt_oss refusal (export_arch.REFUSED) rests on, run in vLLM 0.33.0's own loader
+  (``GptOssModel._load_weights_other`` on every candidate tensor, peer_side/vllm_config_run.py ``gpt_oss_routes``):
+  each format's per-expert packed weights and block scales load (the streamed route: the harness can fill a
+  parameter), but no candidate fills any per-tensor scale of either NVFP4 MoE method -- each one raises (the
+  fused-weight branch's 3-index slicing and permute, or the generic ``weight_loader(param, weight)`` call) or is
+  dropped (no parameter of that name), so a served model would keep them ``torch.empty``. Returns
+  ``{format: {parameter: [candidates that fill it]}}``."""
+  filled = {}
   for fmt, scales in GPT_OSS_GLOBAL_SCALES.items():
     assert set(scales) <= set(routes["params"][fmt]), (fmt, routes["params"][fmt])
-  streamed = {r["streamed"][0] for r in routes["names"].values() if r["streamed"]}
-  assert {"w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale"} <= streamed, streamed
-  for fmt, scales in GPT_OSS_GLOBAL_SCALES.items():
-    assert not streamed & set(scales), f"vLLM now streams {sorted(streamed & set(scales))} ({fmt}): revisit the" \
-        " gpt_oss refusal (export_arch.REFUSED)"
-  reached = {r["remapped"].rsplit(".", 1)[1] for r in routes["names"].values() if r["is_param"]}
-  unreachable = {"w13_input_global_scale", "w2_input_global_scale"} - reached
-  assert unreachable == {"w13_input_global_scale", "w2_input_global_scale"}, reached
-  return streamed
+    by_param = filled[fmt] = {}
+    for name, r in routes["names"][fmt].items():
+      for param in r["filled"]:
+        by_param.setdefault(param, []).append(name)
+    assert not set(by_param) & set(scales), f"vLLM now loads {sorted(set(by_param) & set(scales))} ({fmt}," \
+        f" from {[by_param[s] for s in scales if s in by_param]}): revisit the gpt_oss refusal (export_arch.REFUSED)"
+  prefix = "model.layers.0.mlp.experts.0."
+  for leaf in ("w13_weight_packed", "w13_weight_scale", "w2_weight_packed", "w2_weight_scale"):
+    assert prefix + leaf in filled["compressed-tensors"].get(leaf, []), (leaf, filled["compressed-tensors"])
+  return filled
 
 
 def test_vllm_gpt_oss_loader_has_no_route_for_nvfp4_global_scales(gpt_oss_routes):
-  streamed = check_gpt_oss_has_no_route_for_global_scales(gpt_oss_routes)
-  print(f"vLLM 0.33.0 gpt_oss streams per expert: {sorted(streamed)}; global scales: none")
+  filled = check_gpt_oss_has_no_route_for_global_scales(gpt_oss_routes)
+  for fmt, scales in GPT_OSS_GLOBAL_SCALES.items():
+    outcomes = {s: sorted({r["error"].split(":")[0] if r["error"] else "dropped"
+                           for n, r in gpt_oss_routes["names"][fmt].items() if s.split("_")[0] in n.split(".")[-1]
+                           and s.split("_", 1)[1] in n}) for s in scales}
+    print(f"vLLM 0.33.0 gpt_oss, {fmt}: loaded {sorted(filled[fmt])}; never {list(scales)} (the names meant for"
+          f" them: {outcomes})")
 
 
 def test_gpt_oss_route_check_catches_a_new_route(gpt_oss_routes):
-  """A vLLM that streamed compressed-tensors' weight global scale per expert would fail the check (and reopen
-  gpt_oss's compressed-tensors export)."""
+  """A vLLM whose gpt_oss loader filled compressed-tensors' weight global scale from a per-expert name would fail
+  the check (and reopen gpt_oss's compressed-tensors export)."""
   import copy  # pylint: disable=import-outside-toplevel
   routes = copy.deepcopy(gpt_oss_routes)
-  routes["names"]["model.layers.0.mlp.experts.0.w13_weight_global_scale"]["streamed"] = [
-      "w13_weight_global_scale", "gpt_oss_w13"]
+  routes["names"]["compressed-tensors"]["model.layers.0.mlp.experts.0.w13_weight_global_scale"]["filled"] = [
+      "w13_weight_global_scale"]
   with pytest.raises(AssertionError, match="revisit the gpt_oss refusal"):
     check_gpt_oss_has_no_route_for_global_scales(routes)

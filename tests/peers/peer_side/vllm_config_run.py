@@ -160,33 +160,70 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def gpt_oss_routes() -> dict:
-  """Where vLLM 0.33.0's gpt_oss loader (``models/gpt_oss.py``) sends each expert tensor an NVFP4 export could
-  write, for both NVFP4 MoE methods (the real ``create_weights`` of ``CompressedTensorsW4A4Nvfp4MoEMethod`` and
-  ``ModelOptNvFp4FusedMoE`` on a bare module: the parameters a gpt_oss expert layer holds under
-  ``model.layers.0.mlp.experts.routed_experts.``; their ``__init__``, which asks for a CUDA MoE kernel, is skipped).
+def _gpt_oss_candidates(prefix: str, num_experts: int, hidden: int, inter: int) -> dict:
+  """``{checkpoint name: shape}`` of every expert tensor an NVFP4 export of gpt_oss could write: vLLM's own
+  per-expert (the streamed table's form) and fused ``w13`` / ``w2`` names with each format's leaves, HF's fused
+  ``gate_up_proj`` / ``down_proj`` in ModelOpt's (``<name>_weight_scale_2``, ModelOpt 0.47's GptOssExperts export)
+  and quark's dotted forms, and the other MoE families' per-expert ``gate_proj`` / ``up_proj`` / ``down_proj``.
+  Shapes: packed weights [out, in / 2], block scales [out, in / 16], per-expert scales [1] (compressed-tensors
+  writes [1]) -- per expert; fused ones with a leading [E] (w13's per-tensor scales [E, 2], vLLM's own layout)."""
+  e = num_experts
+  rows = {"w13": (2 * inter, hidden), "w2": (hidden, inter)}
+  out = {}
+  for w, (o, i) in rows.items():
+    per = {"weight_packed": (o, i // 2), "weight": (o, i // 2), "weight_scale": (o, i // 16), "bias": (o,),
+           "weight_global_scale": (1,), "input_global_scale": (1,), "weight_scale_2": (1,), "input_scale": (1,)}
+    two = (e, 2) if w == "w13" else (e,)
+    fused = {**{k: (e, *v) for k, v in per.items()}, "weight_global_scale": two, "input_global_scale": two,
+             "weight_scale_2": two, "input_scale": two}
+    out.update({f"{prefix}0.{w}_{k}": v for k, v in per.items()})
+    out.update({f"{prefix}{w}_{k}": v for k, v in fused.items()})
+  for hf, w in (("gate_up_proj", "w13"), ("down_proj", "w2")):
+    o, i = rows[w]
+    out[f"{prefix}{hf}"] = (e, i // 2, o)  # HF's [E, in, out] layout, packed along in
+    out[f"{prefix}{hf}_bias"] = (e, o)
+    for leaf, shape in (("weight_scale", (e, i // 16, o)), ("weight_scale_2", (e,)), ("input_scale", (e,))):
+      out[f"{prefix}{hf}_{leaf}"] = shape
+      out[f"{prefix}{hf}.{leaf}"] = shape
+  for g, w in (("gate_proj", "w13"), ("up_proj", "w13"), ("down_proj", "w2")):
+    o, i = rows[w]
+    o = o // 2 if w == "w13" else o
+    for leaf, shape in (("weight_packed", (o, i // 2)), ("weight", (o, i // 2)), ("weight_scale", (o, i // 16)),
+                        ("weight_global_scale", (1,)), ("input_global_scale", (1,)), ("weight_scale_2", (1,)),
+                        ("input_scale", (1,))):
+      out[f"{prefix}0.{g}.{leaf}"] = shape
+  return out
 
-  Per candidate checkpoint name: ``GptOssForCausalLM.hf_to_vllm_mapper`` (the model's own renaming), then
-  ``weight_utils.maybe_remap_moe_expert_param_name`` and ``GptOssModel._get_streamed_expert_info`` (the per-expert
-  "streamed" route of ``_load_weights_other``), as ``load_weights`` applies them. Returns ``{"params": {method:
-  [parameter names]}, "names": {candidate: {"mapped", "remapped", "streamed": [parameter, shard] or None,
-  "is_param"}}}``."""
+
+def gpt_oss_routes() -> dict:
+  """What vLLM 0.33.0's gpt_oss loader (``models/gpt_oss.py``) does with each expert tensor an NVFP4 export could
+  write (``_gpt_oss_candidates``), for both NVFP4 MoE methods: the real ``create_weights`` of
+  ``CompressedTensorsW4A4Nvfp4MoEMethod`` / ``ModelOptNvFp4FusedMoE`` builds the parameters of one gpt_oss expert
+  layer (2 experts, hidden 64, intermediate 32) under ``model.layers.0.mlp.experts.routed_experts.`` (their
+  ``__init__``, which asks for a CUDA MoE kernel, is skipped; ModelOpt's parameters need a world-size-1 process
+  group), with ``GptOssRoutedExperts.weight_loader`` as their loader (on a stand-in holding what it reads: rank 0,
+  the method, experts mapped to themselves). Per candidate, as ``GptOssForCausalLM.load_weights`` does:
+  ``hf_to_vllm_mapper``, then ``GptOssModel._load_weights_other`` (which applies
+  ``maybe_remap_moe_expert_param_name`` and tries ``_try_load_streamed_expert`` first) on that one tensor, the
+  parameters filled with a sentinel beforehand. Returns ``{"params": {format: [parameter names]}, "names":
+  {format: {candidate: {"mapped", "streamed": [parameter, shard] or None, "filled": [parameters it changed],
+  "error": "Type: message" or None}}}}``."""
+  import functools  # pylint: disable=import-outside-toplevel
   import types  # pylint: disable=import-outside-toplevel
   import torch  # pylint: disable=import-outside-toplevel
+  from vllm.config import VllmConfig, set_current_vllm_config  # pylint: disable=import-outside-toplevel
+  from vllm.distributed import parallel_state  # pylint: disable=import-outside-toplevel
   from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (  # pylint: disable=import-outside-toplevel
       compressed_tensors_moe_w4a4_nvfp4 as ct_moe)
   from vllm.model_executor.layers.quantization import modelopt  # pylint: disable=import-outside-toplevel
   from vllm.model_executor.model_loader.weight_utils import maybe_remap_moe_expert_param_name  # pylint: disable=import-outside-toplevel
-  from vllm.model_executor.models.gpt_oss import GptOssForCausalLM, GptOssModel  # pylint: disable=import-outside-toplevel
+  from vllm.model_executor.models import gpt_oss  # pylint: disable=import-outside-toplevel
 
-  from vllm.config import VllmConfig, set_current_vllm_config  # pylint: disable=import-outside-toplevel
-  from vllm.distributed import parallel_state  # pylint: disable=import-outside-toplevel
-
-  # ModelOpt's parameters read the tensor-parallel rank: one process, world size 1, a default config
   with set_current_vllm_config(VllmConfig()):
     parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
                                                 distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
     parallel_state.initialize_model_parallel(1, 1)
+  num_experts, hidden, inter = 2, 64, 32
   moe = types.SimpleNamespace(is_act_and_mul=True)
   ct = object.__new__(ct_moe.CompressedTensorsW4A4Nvfp4MoEMethod)
   ct.moe, ct.group_size = moe, 16
@@ -194,31 +231,53 @@ def gpt_oss_routes() -> dict:
   mo.moe, mo.use_global_sf = moe, False
   mo.quant_config = types.SimpleNamespace(is_checkpoint_nvfp4_serialized=True, group_size=16)
   prefix = "model.layers.0.mlp.experts."
-  params, out = {}, {"params": {}, "names": {}}
-  for name, method in (("compressed-tensors", ct), ("modelopt", mo)):
+  candidates = _gpt_oss_candidates(prefix, num_experts, hidden, inter)
+  stacked = [(".qkv_proj", ".q_proj", "q"), (".qkv_proj", ".k_proj", "k"), (".qkv_proj", ".v_proj", "v")]
+  out = {"params": {}, "names": {}}
+  for fmt, method in (("compressed-tensors", ct), ("modelopt", mo)):
+    R = gpt_oss.GptOssRoutedExperts  # pylint: disable=invalid-name
+    experts = types.SimpleNamespace(
+        moe_config=types.SimpleNamespace(moe_parallel_config=types.SimpleNamespace(tp_rank=0)), quant_method=method,
+        _map_global_expert_id_to_local_expert_id=lambda e: e, _narrow_for_rank=R._narrow_for_rank,  # pylint: disable=protected-access
+        _copy_to_expert=R._copy_to_expert)  # pylint: disable=protected-access
+    for f in ("_load_expert_bias", "_load_unquantized_expert", "_load_packed_expert"):
+      setattr(experts, f, functools.partial(getattr(R, f), experts))
     layer = torch.nn.Module()
-    method.create_weights(layer, num_experts=2, hidden_size=64, intermediate_size_per_partition=32,
-                          params_dtype=torch.bfloat16, weight_loader=None, global_num_experts=2)
-    out["params"][name] = sorted(n for n, _ in layer.named_parameters())
-    params.update({prefix + "routed_experts." + n: p for n, p in layer.named_parameters()})
-  ct_leaves = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale", "bias")
-  mo_leaves = ("weight", "weight_scale", "weight_scale_2", "input_scale", "bias")
-  candidates = []
-  for w in ("w13", "w2"):  # vLLM's own per-expert names (the streamed table's form) and fused names
-    candidates += [f"{prefix}0.{w}_{leaf}" for leaf in ct_leaves + mo_leaves]
-    candidates += [f"{prefix}{w}_{leaf}" for leaf in ct_leaves + mo_leaves]
-  for hf in ("gate_up_proj", "down_proj"):  # HF's fused names: ModelOpt's GptOssExperts export, and dotted (quark)
-    candidates += [f"{prefix}{hf}", f"{prefix}{hf}_bias"]
-    candidates += [f"{prefix}{hf}_{leaf}" for leaf in ("weight_scale", "weight_scale_2", "input_scale")]
-    candidates += [f"{prefix}{hf}.{leaf}" for leaf in ("weight", "weight_scale", "weight_scale_2", "input_scale")]
-  for g in ("gate_proj", "up_proj", "down_proj"):  # per-expert HF linears (the other MoE families' layout)
-    candidates += [f"{prefix}0.{g}.{leaf}" for leaf in ct_leaves + mo_leaves]
-  for c in dict.fromkeys(candidates):
-    mapped = GptOssForCausalLM.hf_to_vllm_mapper._map_name(c)  # pylint: disable=protected-access
-    remapped = None if mapped is None else maybe_remap_moe_expert_param_name(mapped, params)
-    info = None if remapped is None else GptOssModel._get_streamed_expert_info(remapped, params)  # pylint: disable=protected-access
-    out["names"][c] = {"mapped": mapped, "remapped": remapped, "is_param": remapped in params,
-                       "streamed": None if info is None else [info[1].rsplit(".", 1)[1], info[2]]}
+    method.create_weights(layer, num_experts=num_experts, hidden_size=hidden, intermediate_size_per_partition=inter,
+                          params_dtype=torch.bfloat16, weight_loader=functools.partial(R.weight_loader, experts),
+                          global_num_experts=num_experts)
+    root = torch.nn.Module()  # model.layers.0.mlp.experts.routed_experts = layer
+    node = root
+    for part in prefix.strip(".").split("."):
+      node.add_module(part, torch.nn.Module())
+      node = getattr(node, part)
+    node.add_module("routed_experts", layer)
+    root.parallel_config = types.SimpleNamespace(enable_expert_parallel=False)
+    root.config = types.SimpleNamespace(intermediate_size=inter)
+    root._try_load_streamed_expert = gpt_oss.GptOssModel._try_load_streamed_expert  # pylint: disable=protected-access
+    params = dict(root.named_parameters())
+    out["params"][fmt] = sorted(n for n, _ in layer.named_parameters())
+    names = out["names"][fmt] = {}
+    for name, shape in candidates.items():
+      with torch.no_grad():
+        for p in params.values():
+          p.data.fill_(7 if p.dtype == torch.uint8 else -1.0)
+        before = {n: p.detach().clone() for n, p in params.items()}
+      mapped = gpt_oss.GptOssForCausalLM.hf_to_vllm_mapper._map_name(name)  # pylint: disable=protected-access
+      rec = {"mapped": mapped, "streamed": None, "filled": [], "error": None}
+      if mapped is not None:
+        info = gpt_oss.GptOssModel._get_streamed_expert_info(  # pylint: disable=protected-access
+            maybe_remap_moe_expert_param_name(mapped, params), params)
+        rec["streamed"] = None if info is None else [info[1].rsplit(".", 1)[1], info[2]]
+        tensor = torch.full(shape, 3, dtype=torch.uint8) if "weight_packed" in name or name.endswith(
+            ("_weight", "proj", ".weight")) else torch.full(shape, 2.0)
+        try:
+          with torch.no_grad():
+            gpt_oss.GptOssModel._load_weights_other(root, num_experts, 0, [(mapped, tensor)], stacked)  # pylint: disable=protected-access
+        except Exception as e:  # pylint: disable=broad-exception-caught
+          rec["error"] = _one_line(e)
+        rec["filled"] = sorted(n.rsplit(".", 1)[1] for n, p in params.items() if not torch.equal(p, before[n]))
+      names[name] = rec
   return out
 
 
