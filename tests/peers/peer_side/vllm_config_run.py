@@ -1,5 +1,6 @@
 """Peer side of the vLLM config oracle: vLLM 0.33.0's own config parsing and per-layer quantization dispatch of
-our exports, on CPU (vLLM has no CPU NVFP4 kernel; nothing here runs a GEMM or loads a weight).
+our exports, on CPU (vLLM has no CPU NVFP4 kernel; nothing here runs a GEMM or loads an export's weight; only
+``--gpt-oss-routes`` loads tiny made-up tensors, through vLLM's gpt_oss loader).
 
 Usage: vllm_config_run.py JOBS.json OUT.json     (or --warm: import vLLM and inspect every architecture we export;
        or --gpt-oss-routes OUT.json: where vLLM's gpt_oss loader sends NVFP4 expert tensors, ``gpt_oss_routes``)
