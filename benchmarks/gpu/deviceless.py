@@ -18,7 +18,7 @@ Per program (``PROGRAMS``): compile seconds (on this CPU), kernels and bytes per
 ``hlo_traffic.traffic``, the operand + output bytes of each kernel as ``quantizer_hlo.py`` counts them),
 bytes per element of the reference operand (``quantizer_hlo.hlo_stats``: passes, full writes, full-size
 32-bit temporaries), XLA's ``memory_analysis()`` (argument / output / temp MiB) and the largest buffers of
-the temp allocation from XLA's buffer assignment.
+the temp allocation from XLA's buffer assignment. MaxText's whole train step: ``maxtext_step.py`` beside this.
 """
 
 from __future__ import annotations

@@ -1,0 +1,176 @@
+"""MaxText's whole train step compiled for an H100/H200 on a CPU (no GPU): time, memory and bytes per kernel class.
+
+    JAX_PLATFORMS=cpu python benchmarks/gpu/maxtext_step.py [--spec h200] [--programs 'step_*'] [--json F]
+
+The same deviceless compile as ``deviceless.py`` (compile-only devices from XLA's target config, no autotuning;
+**compile-derived, not a GPU measurement**), applied to the program ``maxtext_step_bench.py`` times on a real
+GPU: MaxText's ``train_step`` (forward, backward, AdamW update) for one of the GPU presets, bf16 / fp8 / nvfp4.
+MaxText builds it as its own ahead-of-time compiler does (``trainers/pre_train/train_compile.py``:
+``get_shaped_inputs`` for the abstract state and batch, ``maxtext_utils.get_functional_train_with_signature``
+for the step and its shardings); only the mesh differs: train_compile's GPU branch takes ``jax.devices()``
+(real GPUs), here the mesh is the one compile-only H200. The plugin is registered in-process as the tests
+do, so ``quantization=nvfp4`` builds our emulated GEMMs, lowered on the ``cuda`` platform (their GPU forms).
+
+Per program: trace + lower seconds and XLA:GPU compile seconds on this CPU (the MoE proxy's compile-time target
+of issue 25 is the nvfp4 / bf16 ratio of these), kernels and GiB per kernel class (GEMM / other, one pass of
+``hlo_traffic.traffic`` over the optimized HLO) and ``memory_analysis()``. Each program compiles in its own
+process (``--programs`` runs them one after another), so that one program's compile does not share caches or
+pyconfig state with the next.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(_HERE))
+sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.dirname(_HERE))
+sys.path.insert(0, ROOT)
+
+# name -> (what, recipe yml relative to the checkout or "base" for MaxText's base.yml, keys)
+# scan_layers=false (the MoE proxy's own setting): ``hlo_traffic`` counts a loop body once and a kernel's whole
+# operands, so in a scanned program the per-layer kernels count once and the stacked weights' dynamic slices
+# count in full -- unrolled, every layer's kernels are counted as they run.
+# attention=dot_product: MaxText's default picks a tokamax kernel by the *host's* device kind (it refuses on a
+# CPU host), so the deviceless step uses XLA's dot-product attention, as the MoE proxy recipe does.
+_8B = dict(model_name="llama3-8b", override_model_config="true", base_num_decoder_layers=4,
+           max_target_length=4096, per_device_batch_size=2, attention="dot_product", scan_layers="false")
+_MOE = dict(base_num_decoder_layers=4)
+PROGRAMS = {
+    "step_8b4l_bf16": ("MaxText step, Llama 3 8B shape, 4 layers, seq 4096, pdbs 2, bf16 (gpu-llama3-8b-4layer)",
+                       "base", {**_8B, "quantization": ""}),
+    "step_8b4l_fp8": ("the same, quantization=fp8 (MaxText's own)", "base", {**_8B, "quantization": "fp8"}),
+    "step_8b4l_nvfp4": ("the same, nvfp4 emulated, full recipe", "base",
+                        {**_8B, "quantization": "nvfp4", "nvfp4_backend": "emulate"}),
+    "step_moe_bf16": ("MaxText step, one-GPU MoE proxy (recipes/proxy_1gpu_moe_*), 4 layers, bf16",
+                      "maxtext_nvfp4/recipes/proxy_1gpu_moe_base.yml", {**_MOE, "quantization": ""}),
+    "step_moe_nvfp4": ("the same, nvfp4 emulated (every attention projection and expert linear)",
+                       "maxtext_nvfp4/recipes/proxy_1gpu_moe_nvfp4.yml", {**_MOE, "nvfp4_backend": "emulate"}),
+}
+# Offline and quiet, as maxtext_step_bench.py runs them; the data pipeline is never built here.
+COMMON = dict(dataset_type="synthetic", enable_checkpointing="false", enable_goodput_recording="false",
+              monitor_goodput="false", enable_tensorboard="false", log_config="false", eval_interval="-1",
+              tokenizer_type="sentencepiece", hardware="gpu", steps=10, run_name="deviceless")
+
+
+def _argv(name: str, overrides: list[str] = ()) -> list[str]:
+  import maxtext  # pylint: disable=import-outside-toplevel
+
+  mt = os.path.dirname(maxtext.__file__)
+  _, yml, keys = PROGRAMS[name]
+  yml = os.path.join(mt, "configs", "base.yml") if yml == "base" else os.path.join(ROOT, yml)
+  keys = {**COMMON, "tokenizer_path": os.path.join(mt, "assets", "tokenizers", "tokenizer.llama2"), **keys}
+  keys.update(kv.split("=", 1) for kv in overrides)
+  return [None, yml] + [f"{k}={v}" for k, v in keys.items()]
+
+
+def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> dict:
+  """Compile program ``name`` for the spec's GPU in this process and count it (the module docstring)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
+  from jax.sharding import AxisType, Mesh  # pylint: disable=import-outside-toplevel
+
+  import deviceless  # pylint: disable=import-outside-toplevel
+  import hlo_traffic  # pylint: disable=import-outside-toplevel
+  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
+
+  maxtext_nvfp4.register()
+  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.pre_train import train, train_compile  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import maxtext_utils, sharding  # pylint: disable=import-outside-toplevel
+
+  dev = deviceless.device(spec)
+  t0 = time.perf_counter()
+  config = pyconfig.initialize(_argv(name, overrides))
+  mesh = Mesh(maxtext_utils.create_device_mesh(config, [dev]), config.mesh_axes,
+              axis_types=(AxisType.Auto,) * len(config.mesh_axes))
+  args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
+  params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
+  in_state = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
+  data_sharding = sharding.get_input_data_sharding(config, mesh)
+  fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
+      train.train_step, data_sharding, in_state, model, config, params_shardings)
+  with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules):
+    lowered = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, static_argnums=static,
+                      donate_argnums=donate).lower(*args, **kwargs)
+  t1 = time.perf_counter()
+  compiled = lowered.compile()
+  t2 = time.perf_counter()
+  text = compiled.as_text()
+  mem = compiled.memory_analysis()
+  traffic = hlo_traffic.traffic(text)
+  mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+  return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, jax=jax.__version__,
+              lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1),
+              gemm_kernels=traffic["gemm"][0], gemm_gib=round(traffic["gemm"][1] / 2**30, 3),
+              other_kernels=traffic["other"][0], other_gib=round(traffic["other"][1] / 2**30, 3),
+              argument_mib=mib(mem.argument_size_in_bytes), output_mib=mib(mem.output_size_in_bytes),
+              temp_mib=mib(mem.temp_size_in_bytes),
+              total_mib=mib(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+                            - mem.alias_size_in_bytes))
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| program | lower s | compile s | GEMM kernels | GEMM GiB | other kernels | other GiB | temp MiB |"
+           " total MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for r in rows:
+    if "error" in r:
+      lines.append(f"| {r['program']} | failed: {r['error']} |||||||")
+      continue
+    lines.append(f"| {r['program']} | {r['lower_s']} | {r['compile_s']} | {r['gemm_kernels']} | {r['gemm_gib']:.2f} |"
+                 f" {r['other_kernels']} | {r['other_gib']:.2f} | {r['temp_mib']:.0f} | {r['total_mib']:.0f} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--spec", default="h200", help="h200, h100_sxm or a gpu_target_config.pbtxt path")
+  p.add_argument("--programs", default="step_*", help=f"comma list of names or globs from {tuple(PROGRAMS)}")
+  p.add_argument("--json", help="append each row as one JSON line here")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a MaxText key")
+  p.add_argument("--timeout", type=float, default=3600, help="seconds per program (its process is killed after)")
+  p.add_argument("--one", help=argparse.SUPPRESS)  # the child: compile this one program, print its row
+  a = p.parse_args(argv)
+  if a.one:
+    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set)), flush=True)
+    return 0
+  import fnmatch  # pylint: disable=import-outside-toplevel
+
+  names = [n for pat in a.programs.split(",") if pat for n in PROGRAMS if fnmatch.fnmatch(n, pat)]
+  if not names:
+    p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
+  import deviceless  # pylint: disable=import-outside-toplevel
+
+  print(f"{deviceless.HEADLINE}; spec {a.spec}", flush=True)
+  rows = []
+  for name in names:
+    t0 = time.time()
+    try:
+      r = subprocess.run([sys.executable, os.path.abspath(__file__), "--spec", a.spec, "--one", name,
+                          *(f"--set={kv}" for kv in a.set)],
+                         capture_output=True, text=True, timeout=a.timeout, check=False)
+      line = [l for l in r.stdout.splitlines() if l.startswith("ROW ")]
+      errors = [l for l in r.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception|Exit)\b", l)]
+      row = json.loads(line[-1][4:]) if line else dict(
+          program=name, error=(errors or r.stderr.strip().splitlines() or ["no output"])[-1][-300:])
+    except subprocess.TimeoutExpired:
+      row = dict(program=name, error=f"not compiled within {a.timeout:.0f} s")
+    row["wall_s"] = round(time.time() - t0, 1)
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if a.json:
+      with open(a.json, "a") as fh:
+        fh.write(json.dumps(row) + "\n")
+  print(table(rows))
+  return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
