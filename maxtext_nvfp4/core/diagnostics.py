@@ -27,9 +27,13 @@ Note ``scale_sat``: with two-level scaling the block holding the tensor amax alw
 tensor amax; a value near 1 means the tensor is flat, near 1/blocks that one outlier sets the range.
 
 Metric keys: ``nvfp4/<group>/<tensor>_<stat>``, tensor in ``x``, ``w``, ``dy``, stat as above, group
-``<kind>_first`` / ``<kind>`` / ``<kind>_last`` with kind ``attention`` or ``mlp``: the first and the last
-decoder layer that runs NVFP4 GEMMs are reported separately, the layers between them together
-(:func:`group_name`; with scanned layers every layer is in ``<kind>``).
+``<kind>_first`` / ``<kind>`` / ``<kind>_last`` with kind ``attention``, ``mlp`` (dense MLPs and shared experts)
+or ``experts`` (routed experts): the first and the last decoder layer that runs NVFP4 GEMMs are reported
+separately, the layers between them together (:func:`group_name`; with scanned layers every layer is in
+``<kind>``). Routed experts are a batched GEMM, one GEMM per expert with its own tensors: each expert's x, W
+and dy is one report (its own amax), so ``rel_err`` is the mean over experts and layers. An expert's x is its
+token buffer (MoE einsum path: capacity slots no token filled are zero rows; their blocks count in
+``blocks`` with s8 = 0, and never in ``scale_zero``, which needs a non-zero block).
 
 Host side: :class:`Aggregator` collects reports by training step (fed by ``jax.debug.callback`` from
 the plugin's GEMM module) and hands a step's summary to the metrics writer. Reports of the same GEMM
@@ -65,13 +69,14 @@ __all__ = [
     "instrument",
     "metric_key",
     "gemm_matrices",
+    "batched_gemm_matrices",
     "output_matrix",
     "summarize",
     "tensor_sums",
 ]
 
 PREFIX = "nvfp4/"
-KINDS = ("attention", "mlp")
+KINDS = ("attention", "mlp", "experts")
 TENSORS = ("x", "w", "dy")
 STATS = ("rel_err", "underflow", "scale_sat", "scale_zero", "amax")
 SUM_FIELDS = ("sq_err", "sq_norm", "nonzero", "flushed", "blocks", "scale_sat", "scale_zero", "amax")
@@ -137,7 +142,7 @@ def gemm_matrices(lhs, rhs, dimension_numbers):
   """``(x, w)`` as 2D matrices ``(M, K)`` and ``(K, N)`` of ``lax.dot_general(lhs, rhs, dims)``.
 
   Contracting dims are flattened in the given order into K, the other dims (in order) into M / N, like
-  the emulated GEMM does. Batch dims are not supported (MaxText's DenseGeneral has none): ValueError.
+  the emulated GEMM does. Batch dims: ValueError (:func:`batched_gemm_matrices` takes them).
   """
   (lc, rc), (lb, rb) = dimension_numbers
   if tuple(lb) or tuple(rb):
@@ -149,6 +154,23 @@ def gemm_matrices(lhs, rhs, dimension_numbers):
   w = jnp.transpose(rhs, list(rc) + rfree)
   k = math.prod(lhs.shape[d] for d in lc)
   return x.reshape(-1, k), w.reshape(k, -1)
+
+
+def batched_gemm_matrices(lhs, rhs, dimension_numbers):
+  """``(x, w)`` as ``(B, M, K)`` and ``(B, K, N)`` stacks of :func:`gemm_matrices`, one per batch index (the batch
+  dims flattened in order into B): a dot_general with batch dims is B GEMMs, each its own tensor (an expert's)."""
+  (lc, rc), (lb, rb) = dimension_numbers
+  lb, rb = _normalize(lb, lhs.ndim), _normalize(rb, rhs.ndim)
+  lc, rc = _normalize(lc, lhs.ndim), _normalize(rc, rhs.ndim)
+  b = math.prod(lhs.shape[d] for d in lb)
+  lhs = jnp.transpose(lhs, list(lb) + [d for d in range(lhs.ndim) if d not in lb]).reshape(
+      (b,) + tuple(lhs.shape[d] for d in range(lhs.ndim) if d not in lb))
+  rhs = jnp.transpose(rhs, list(rb) + [d for d in range(rhs.ndim) if d not in rb]).reshape(
+      (b,) + tuple(rhs.shape[d] for d in range(rhs.ndim) if d not in rb))
+  # the contracting dims renumbered for the per-index operands (batch dims gone)
+  lc = tuple(d - sum(x < d for x in lb) for d in lc)
+  rc = tuple(d - sum(x < d for x in rb) for d in rc)
+  return jax.vmap(lambda l, r: gemm_matrices(l, r, ((lc, rc), ((), ()))))(lhs, rhs)
 
 
 def output_matrix(y, num_free_rhs: int):
@@ -217,31 +239,51 @@ def instrument(lhs, rhs, dimension_numbers, out, *, step, interval: int, group: 
   agg = AGGREGATOR if aggregator is None else aggregator
   step = jnp.asarray(step, jnp.int32)
   on = (step % jnp.int32(interval)) == 0
-  x, w = gemm_matrices(lax.stop_gradient(lhs), lax.stop_gradient(rhs), dimension_numbers)
+  (rc, _), (_, rb) = dimension_numbers
+  num_batch = len(tuple(rb))
+  lhs, rhs = lax.stop_gradient(lhs), lax.stop_gradient(rhs)
+  x_spec = TensorSpec(axis=1, rule=x_rule)
   w_spec = TensorSpec(axis=0, block_2d=bool(two_d_weights), rule=w_rule)
 
-  def forward_stats(step, x, w):
-    jax.debug.callback(functools.partial(agg.report, group=group, tensor="x"), step,
-                       tensor_sums(x, TensorSpec(axis=1, rule=x_rule)))
-    jax.debug.callback(functools.partial(agg.report, group=group, tensor="w"), step, tensor_sums(w, w_spec))
+  if num_batch:  # B GEMMs (experts): one report per index, each its own tensor
+    x, w = batched_gemm_matrices(lhs, rhs, dimension_numbers)
+
+    def forward_stats(step, x, w):
+      jax.debug.callback(functools.partial(agg.report_each, group=group, tensor="x"), step,
+                         jax.vmap(lambda t: tensor_sums(t, x_spec))(x))
+      jax.debug.callback(functools.partial(agg.report_each, group=group, tensor="w"), step,
+                         jax.vmap(lambda t: tensor_sums(t, w_spec))(w))
+  else:
+    x, w = gemm_matrices(lhs, rhs, dimension_numbers)
+
+    def forward_stats(step, x, w):
+      jax.debug.callback(functools.partial(agg.report, group=group, tensor="x"), step, tensor_sums(x, x_spec))
+      jax.debug.callback(functools.partial(agg.report, group=group, tensor="w"), step, tensor_sums(w, w_spec))
 
   lax.cond(on, forward_stats, lambda *_: None, step, x, w)
-  (rc, _), _ = dimension_numbers
-  num_free_rhs = rhs.ndim - len(tuple(rc))
+  num_free_rhs = rhs.ndim - len(tuple(rc)) - num_batch
   use_sr = bool(stochastic) and key is not None
   dy_key = jax.random.fold_in(key, _DY_KEY_TAG) if use_sr else jnp.zeros((), jnp.uint32)
-  watch = _grad_watch(agg, group, num_free_rhs, use_sr)
+  watch = _grad_watch(agg, group, num_free_rhs, use_sr, num_batch)
   return watch(out, step, on, dy_key)
 
 
 @functools.cache
-def _grad_watch(agg, group: str, num_free_rhs: int, use_sr: bool):
-  """``f(y, step, on, key) = y`` whose backward reports the statistics of the cotangent dy when ``on``."""
+def _grad_watch(agg, group: str, num_free_rhs: int, use_sr: bool, num_batch: int = 0):
+  """``f(y, step, on, key) = y`` whose backward reports the statistics of the cotangent dy when ``on``
+  (``num_batch`` leading batch dims: one report per batch index, index b drawing SR from ``fold_in(key, b)``)."""
 
   def backward_stats(step, g, key):
     spec = TensorSpec(axis=1, stochastic=use_sr)
-    sums = tensor_sums(output_matrix(g, num_free_rhs), spec, key if use_sr else None)
-    jax.debug.callback(functools.partial(agg.report, group=group, tensor="dy"), step, sums)
+    if not num_batch:
+      sums = tensor_sums(output_matrix(g, num_free_rhs), spec, key if use_sr else None)
+      jax.debug.callback(functools.partial(agg.report, group=group, tensor="dy"), step, sums)
+      return
+    b = math.prod(g.shape[:num_batch])
+    gs = g.reshape((b,) + g.shape[num_batch:])
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b)) if use_sr else jnp.zeros((b,), jnp.uint32)
+    sums = jax.vmap(lambda t, k: tensor_sums(output_matrix(t, num_free_rhs), spec, k if use_sr else None))(gs, keys)
+    jax.debug.callback(functools.partial(agg.report_each, group=group, tensor="dy"), step, sums)
 
   @jax.custom_vjp
   def watch(y, step, on, key):
@@ -299,6 +341,12 @@ class Aggregator:
     entry = {f: float(np.asarray(sums[f])) for f in SUM_FIELDS}
     with self._lock:
       self._data.setdefault(int(np.asarray(step)), {}).setdefault((group, tensor), []).append(entry)
+
+  def report_each(self, step, sums: Mapping[str, object], *, group: str, tensor: str) -> None:
+    """:meth:`report` for each index of the leading axis of ``sums`` (a batched GEMM: one report per expert)."""
+    fields = {f: np.asarray(sums[f]) for f in SUM_FIELDS}
+    for i in range(len(fields["amax"])):
+      self.report(step, {f: v[i] for f, v in fields.items()}, group=group, tensor=tensor)
 
   def steps(self) -> list[int]:
     with self._lock:

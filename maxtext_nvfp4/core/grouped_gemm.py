@@ -89,11 +89,13 @@ def _parse(eqn: str):
 
 def einsum(eqn: str, lhs, rhs, *, expert_axis: int = 0, recipe: gemm.GemmRecipe,
            switched: gemm.GemmRecipe | None = None, use_switched=None, key=None,
-           preferred_element_type=None) -> jax.Array:
+           preferred_element_type=None, observe=None) -> jax.Array:
   """``jnp.einsum(eqn, lhs, rhs)`` with one NVFP4 GEMM per expert (kernel axis ``expert_axis`` = experts).
 
   Contracted labels are in both operands and not in the output; the expert label is the only label
   allowed in both operands and the output. Expert ``e``'s SR key is ``fold_in(key, e)``.
+  ``observe(lhs, rhs, dimension_numbers, y) -> y``: sees the batched ``dot_general`` (experts as its one batch
+  dim) and its output before the output transpose, and returns that output (diagnostics hook here).
   """
   a, b, out = _parse(eqn)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
@@ -114,5 +116,7 @@ def einsum(eqn: str, lhs, rhs, *, expert_axis: int = 0, recipe: gemm.GemmRecipe,
   dims = (([a.index(c) for c in contract], [b.index(c) for c in contract]), ([a.index(e)], [b.index(e)]))
   y = gemm.dot_general(lhs, rhs, dims, recipe=recipe, switched=switched, use_switched=use_switched, key=key,
                        preferred_element_type=preferred_element_type)
+  if observe is not None:
+    y = observe(lhs, rhs, dims, y)
   got = e + "".join(c for c in a if c not in b) + "".join(c for c in b if c not in a)
   return jnp.transpose(y, [got.index(c) for c in out])

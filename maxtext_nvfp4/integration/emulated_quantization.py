@@ -93,8 +93,10 @@ def quantization_class():
 
         return jnp.einsum
       layer, role, recipe, switched = self._located_recipes(mesh_axes)
+      group = self.diagnostics_group(layer, role, recipe)
       return linen_gemm.expert_einsum(recipe, switched, self.switch_step if switched is not None else None, layer, role,
-                            int(self.settings.seed))
+                                      int(self.settings.seed), diag_group=group,
+                                      diag_interval=int(self.diagnostics_interval))
 
     def expert_gemms(self):
       """RoutedMoE.sparse_matmul's three expert linears (wi_0, wi_1, wo), asked for at call time

@@ -84,9 +84,10 @@ def linen_module_class():
   return Nvfp4DotGeneral
 
 
-def expert_einsum(recipe, switched, switch_step, layer, role, seed):
+def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=None, diag_interval=1):
   """MaxText RoutedMoE's expert einsum ``(eqn, tokens, kernel)``: one emulated GEMM per expert
-  (:func:`maxtext_nvfp4.core.grouped_gemm.einsum`), or the plain einsum when every pass is BF16."""
+  (:func:`maxtext_nvfp4.core.grouped_gemm.einsum`), or the plain einsum when every pass is BF16.
+  ``diag_group``: report each expert's x, W and dy to that diagnostics group (None: no diagnostics)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   def einsum(eqn, lhs, rhs, *args, **kwargs):
@@ -95,8 +96,17 @@ def expert_einsum(recipe, switched, switch_step, layer, role, seed):
       return jnp.einsum(eqn, lhs, rhs)
     from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
 
-    _, _, use_switched, key = traced.step_inputs(layer, role, seed, recipe, switched, switch_step)
+    training, step, use_switched, key = traced.step_inputs(layer, role, seed, recipe, switched, switch_step)
+    observe = None
+    if diag_group is not None and training:  # trace-time decision, as for the dense GEMMs
+      from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+
+      def observe(l, r, dims, y):
+        return diagnostics.instrument(l, r, dims, y, step=step, interval=diag_interval, group=diag_group,
+                                      two_d_weights=recipe.two_d_weights, stochastic=recipe.stochastic_rounding,
+                                      key=key, x_rule=recipe.scale_rule("activation"),
+                                      w_rule=recipe.scale_rule("weight"))
     return grouped_gemm.einsum(eqn, lhs, rhs, recipe=recipe, switched=switched, use_switched=use_switched,
-                               key=key)
+                               key=key, observe=observe)
 
   return einsum

@@ -159,6 +159,7 @@ def test_group_names():
   assert [g(1), g(2), g(3), g(4)] == ["mlp_first", "mlp", "mlp", "mlp_last"]
   assert diag.group_name("attention", None, first=0, last=3) == "attention"
   assert diag.group_name("attention", 0, first=0, last=0) == "attention_first"
+  assert diag.group_name("experts", 2, first=0, last=3) == "experts"
   with pytest.raises(ValueError):
     diag.group_name("logits", 0, first=0, last=1)
 
@@ -226,6 +227,52 @@ def test_diagnostics_on_changes_no_number_and_reports_on_interval_steps(operands
   assert out["nvfp4/mlp_first/w_amax"] == pytest.approx(float(jnp.max(jnp.abs(w.astype(jnp.float32)))))
   for t in diag.TENSORS:
     assert 0.03 < out[f"nvfp4/mlp_first/{t}_rel_err"] < 0.3, out
+
+
+def test_expert_gemms_report_each_expert_as_its_own_gemm():
+  """Routed experts (a dot_general with the expert as batch dim, the einsum path's form): every expert's x, W
+  and dy is one report, equal to the report of that expert's GEMM instrumented alone; the numbers unchanged."""
+  e, c, k, n = 3, 32, 64, 32
+  x = jax.random.normal(jax.random.key(4), (e, c, k), jnp.float32)
+  x = (x * jnp.asarray([1.0, 100.0, 1e-3])[:, None, None]).astype(jnp.bfloat16)  # experts far apart in scale
+  w = (jax.random.normal(jax.random.key(5), (e, k, n), jnp.float32) * 0.05).astype(jnp.bfloat16)
+  batched_dims = (((2,), (1,)), ((0,), (0,)))
+
+  dy = jax.random.normal(jax.random.key(6), (e, c, n), jnp.float32) * jnp.asarray([1.0, 1e-2, 10.0])[:, None, None]
+
+  def run(fn, ct, *args):
+    agg = diag.Aggregator()
+    y, vjp = jax.vjp(lambda *a: fn(agg, *a), *args)
+    vjp(ct)
+    jax.effects_barrier()
+    return y, agg
+
+  def batched(agg, x, w):
+    y = jax.lax.dot_general(x, w, batched_dims, preferred_element_type=jnp.float32)
+    return diag.instrument(x, w, batched_dims, y, step=0, interval=1, group="experts", aggregator=agg)
+
+  y, agg = run(batched, dy, x, w)
+  np.testing.assert_array_equal(np.asarray(y), np.asarray(jnp.einsum("eck,ekn->ecn", x, w,
+                                                                     preferred_element_type=jnp.float32)))
+  got = agg._data[0]  # pylint: disable=protected-access
+  assert {t for (_, t) in got} == set(diag.TENSORS) and all(len(v) == e for v in got.values())
+  for i in range(e):
+    def one(agg, xi, wi):
+      yi = jax.lax.dot_general(xi, wi, DIMS, preferred_element_type=jnp.float32)
+      return diag.instrument(xi, wi, DIMS, yi, step=0, interval=1, group="experts", aggregator=agg)
+
+    _, ref = run(one, dy[i], x[i], w[i])
+    for t in diag.TENSORS:
+      a, b = got[("experts", t)][i], ref._data[0][("experts", t)][0]  # pylint: disable=protected-access
+      # counts and amax exactly; the fp32 sums up to summation order (vmapped reductions may reassociate)
+      assert {f: a[f] for f in diag.SUM_FIELDS if not f.startswith("sq_")} == \
+             {f: b[f] for f in diag.SUM_FIELDS if not f.startswith("sq_")}, (i, t)
+      for f in ("sq_err", "sq_norm"):
+        assert a[f] == pytest.approx(b[f], rel=1e-5), (i, t, f)
+  # own amax per expert: the x amaxes are three different numbers (one pooled tensor would give one)
+  amaxes = [r["amax"] for r in got[("experts", "x")]]
+  assert amaxes == [float(jnp.max(jnp.abs(x[i].astype(jnp.float32)))) for i in range(e)] and len(set(amaxes)) == e
+  assert set(agg.pop(0)) == {f"nvfp4/experts/{t}_{s}" for t in diag.TENSORS for s in diag.STATS}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """The Quantization object inside MaxText's model: which GEMM gets which (layer, role) and precision."""
 
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -244,3 +247,40 @@ def test_te_plan_counts_like_the_emulation():
   want = [("nvfp4" if l >= 1 and r in plan.ATTENTION_ROLES else "bf16") for l in range(3) for r in plan.decoder_roles()]
   assert got == want
   assert p == fresh() and hash(p) == hash(fresh())
+
+
+def test_moe_expert_einsum_reports_each_expert_when_diagnostics_are_on():
+  """RoutedMoE's expert einsum (sparse_matmul=false) from our Quantization: with diagnostics on, the same
+  numbers as with them off, and one x / W / dy report per expert in the ``experts_*`` group of its layer."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+  import model_families  # pylint: disable=import-outside-toplevel  (benchmarks/: the families' tiny configs)
+  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import quantization, touchpoints  # pylint: disable=import-outside-toplevel
+
+  wi_axes, _ = touchpoints.adapter().expert_kernel_axes
+
+  def expert_einsum(**keys):
+    c = pyconfig.initialize(model_families.family_argv("mixtral", None, "nvfp4", **keys))
+    return quantization.make_quantization(c).einsum(mesh_axes=wi_axes)  # the first expert linear: layer 0
+
+  e, tokens, d, f = 4, 32, 64, 32
+  x = jax.random.normal(jax.random.key(7), (e, tokens, d), jnp.float32).astype(jnp.bfloat16)
+  w = (jax.random.normal(jax.random.key(8), (e, d, f), jnp.float32) * 0.05).astype(jnp.bfloat16)
+
+  def grads(einsum):
+    def loss(x, w):
+      with step_lib.step_context(jnp.int32(0), training=True):
+        y = einsum("EBM,EMH->EBH", x, w)
+      return jnp.sum(y.astype(jnp.float32) * jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape) / y.size)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+
+  diagnostics.AGGREGATOR.clear()
+  (l0, g0) = grads(expert_einsum())
+  (l1, g1) = grads(expert_einsum(nvfp4_diagnostics=True, nvfp4_diagnostics_interval=1))
+  jax.effects_barrier()
+  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+  for a, b in zip(g0, g1):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
+  assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): e for t in diagnostics.TENSORS}
+  diagnostics.AGGREGATOR.clear()
