@@ -15,7 +15,8 @@ of :data:`SUM_FIELDS`:
 though its E2M1 codes are saturated at ±6.) The host turns the sums of every GEMM in an aggregation
 group into the published statistics (:func:`summarize`):
 
-    rel_err    = mean over the group's reports of sqrt(sq_err / sq_norm)    (0 for an all-zero tensor)
+    rel_err    = mean over the group's reports of sqrt(sq_err / sq_norm), all-zero tensors left out
+                 (an expert no token reached; 0 when every tensor is zero)
                  SNR in dB is -20 * log10(rel_err)
     underflow  = sum(flushed) / sum(nonzero)                                (0 if no non-zero element)
     scale_sat  = sum(scale_sat) / sum(blocks)
@@ -32,8 +33,9 @@ or ``experts`` (routed experts): the first and the last decoder layer that runs 
 separately, the layers between them together (:func:`group_name`; with scanned layers every layer is in
 ``<kind>``). Routed experts are a batched GEMM, one GEMM per expert with its own tensors: each expert's x, W
 and dy is one report (its own amax), so ``rel_err`` is the mean over experts and layers. An expert's x is its
-token buffer (MoE einsum path: capacity slots no token filled are zero rows; their blocks count in
-``blocks`` with s8 = 0, and never in ``scale_zero``, which needs a non-zero block).
+token buffer (rows past its tokens are zeros: unfilled capacity on the einsum path, buffer padding on the
+grouped-GEMM path; their blocks count in ``blocks`` with s8 = 0, and never in ``scale_zero``, which needs a
+non-zero block).
 
 Host side: :class:`Aggregator` collects reports by training step (fed by ``jax.debug.callback`` from
 the plugin's GEMM module) and hands a step's summary to the metrics writer. Reports of the same GEMM
@@ -314,11 +316,13 @@ def summarize(reports: list[Mapping[str, float]]) -> dict[str, float]:
   rel = []
   for r in reports:
     sq_err, sq_norm = float(r["sq_err"]), float(r["sq_norm"])
-    rel.append(math.sqrt(sq_err / sq_norm) if sq_norm > 0 else (0.0 if sq_err == 0 else math.inf))
+    if sq_norm == 0 and sq_err == 0:  # an all-zero tensor (an expert no token reached): no error to average
+      continue
+    rel.append(math.sqrt(sq_err / sq_norm) if sq_norm > 0 else math.inf)
   tot = {f: sum(float(r[f]) for r in reports) for f in ("nonzero", "flushed", "blocks", "scale_sat", "scale_zero")}
   amaxes = [float(r["amax"]) for r in reports]
   return {
-      "rel_err": float(np.mean(rel)),
+      "rel_err": float(np.mean(rel)) if rel else 0.0,
       "underflow": tot["flushed"] / tot["nonzero"] if tot["nonzero"] else 0.0,
       "scale_sat": tot["scale_sat"] / tot["blocks"] if tot["blocks"] else 0.0,
       "scale_zero": tot["scale_zero"] / tot["blocks"] if tot["blocks"] else 0.0,

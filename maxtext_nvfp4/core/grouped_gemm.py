@@ -61,11 +61,13 @@ def expert_token_buffers(lhs, group_sizes):
 
 
 def ragged_dot(lhs, rhs, group_sizes, *, recipe: gemm.GemmRecipe, switched: gemm.GemmRecipe | None = None,
-               use_switched=None, key=None, preferred_element_type=None) -> jax.Array:
+               use_switched=None, key=None, preferred_element_type=None, observe=None) -> jax.Array:
   """``lax.ragged_dot(lhs (M, K), rhs (E, K, N), group_sizes (E,))`` with one NVFP4 GEMM per expert.
 
   ``recipe``/``switched``/``use_switched``/``key``/``preferred_element_type`` as in
   :func:`maxtext_nvfp4.core.gemm.dot_general` (expert ``e``'s SR key is ``fold_in(key, e)``).
+  ``observe(buffers, rhs, dimension_numbers, y) -> y``: sees the per-expert GEMMs (the experts' token buffers
+  (E, M, K), zero rows past each group, as the GEMM quantizes them) and returns their output (diagnostics).
   """
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
   if lhs.ndim != 2 or rhs.ndim != 3 or lhs.shape[1] != rhs.shape[1]:
@@ -73,8 +75,11 @@ def ragged_dot(lhs, rhs, group_sizes, *, recipe: gemm.GemmRecipe, switched: gemm
   if jnp.shape(group_sizes) != (rhs.shape[0],):
     raise ValueError(f"ragged_dot: group_sizes must have shape ({rhs.shape[0]},), got {jnp.shape(group_sizes)}")
   buffers, (expert, local), in_group = expert_token_buffers(lhs, group_sizes)
-  y = gemm.dot_general(buffers, rhs, (((2,), (1,)), ((0,), (0,))), recipe=recipe, switched=switched,
+  dims = (((2,), (1,)), ((0,), (0,)))
+  y = gemm.dot_general(buffers, rhs, dims, recipe=recipe, switched=switched,
                        use_switched=use_switched, key=key, preferred_element_type=preferred_element_type)
+  if observe is not None:
+    y = observe(buffers, rhs, dims, y)
   return jnp.where(in_group[:, None], y[expert, local], jnp.zeros((), y.dtype))
 
 

@@ -107,7 +107,9 @@ def quantization_class():
         layer, role, recipe, switched = self._located_recipes(axes)
         out.append(sparse_moe.ExpertGemm(layer=layer, role=role, recipe=recipe, switched=switched,
                                          switch_step=self.switch_step if switched is not None else None,
-                                         seed=int(self.settings.seed)))
+                                         seed=int(self.settings.seed),
+                                         diag_group=self.diagnostics_group(layer, role, recipe),
+                                         diag_interval=int(self.diagnostics_interval)))
       return tuple(out)
 
     @property

@@ -79,6 +79,10 @@ class ExpertGemm:
   switch_step: int | None = None
   # nvfp4_seed
   seed: int = 0
+  # diagnostics group (core.diagnostics.group_name), or None: no diagnostics
+  diag_group: str | None = None
+  # nvfp4_diagnostics_interval
+  diag_interval: int = 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -213,6 +217,18 @@ def _device_index():
   return index
 
 
+def _observer(g: ExpertGemm, step, key):
+  """The diagnostics hook of one expert linear (each expert's x, W and dy one report; on a mesh, per device)."""
+  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+
+  def observe(lhs, rhs, dims, y):
+    return diagnostics.instrument(lhs, rhs, dims, y, step=step, interval=g.diag_interval, group=g.diag_group,
+                                  two_d_weights=g.recipe.two_d_weights, stochastic=g.recipe.stochastic_rounding,
+                                  key=key, x_rule=g.recipe.scale_rule("activation"),
+                                  w_rule=g.recipe.scale_rule("weight"))
+  return observe
+
+
 def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
   """``gmm(lhs, rhs, group_sizes)`` with each expert's GEMM in its planned precision (``gemms``: one per
   column block of ``rhs``: two for a fused ``[wi_0 | wi_1]`` kernel, split evenly as MaxText does)."""
@@ -226,9 +242,11 @@ def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
   outs = []
   for i, g in enumerate(gemms):  # wi_0 and wi_1 of one layer share their plan: both have a recipe
     w = rhs[:, :, i * n:(i + 1) * n] if len(gemms) > 1 else rhs
-    _, _, use_switched, key = traced.step_inputs(g.layer, g.role, g.seed, g.recipe, g.switched, g.switch_step)
+    training, step, use_switched, key = traced.step_inputs(g.layer, g.role, g.seed, g.recipe, g.switched,
+                                                           g.switch_step)
     if device is not None:
       key = jax.random.fold_in(key, device)
     outs.append(grouped_gemm.ragged_dot(lhs, w, group_sizes, recipe=g.recipe, switched=g.switched,
-                                        use_switched=use_switched, key=key, preferred_element_type=out_dtype))
+                                        use_switched=use_switched, key=key, preferred_element_type=out_dtype,
+                                        observe=_observer(g, step, key) if g.diag_group and training else None))
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)

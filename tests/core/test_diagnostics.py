@@ -140,6 +140,9 @@ def test_summarize_pools_counts_and_averages_relative_error():
   assert st["amax"] == 5.0
   zero = diag.summarize([_report(0, 0, 0, 0, 1, 0, 0, 0.0)])
   assert zero["rel_err"] == 0.0 and zero["underflow"] == 0.0
+  # an all-zero tensor (an expert that got no token) does not pull the mean error down; its block still counts
+  with_empty = diag.summarize([_report(1, 100, 10, 1, 4, 1, 0, 2.0), _report(0, 0, 0, 0, 4, 0, 0, 0.0)])
+  assert with_empty["rel_err"] == pytest.approx(0.1) and with_empty["scale_sat"] == pytest.approx(1 / 8)
 
 
 def test_aggregator_by_step_and_key_names():

@@ -284,3 +284,42 @@ def test_moe_expert_einsum_reports_each_expert_when_diagnostics_are_on():
   reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
   assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): e for t in diagnostics.TENSORS}
   diagnostics.AGGREGATOR.clear()
+
+
+def test_sparse_moe_expert_gemm_reports_each_experts_token_group_when_diagnostics_are_on():
+  """The grouped-GEMM path (sparse_matmul=true): with diagnostics on, the emulated gmm computes the same numbers
+  and reports one x / W / dy per expert, x being the expert's token buffer (its group's rows, then zeros)."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+  import model_families  # pylint: disable=import-outside-toplevel  (benchmarks/: the families' tiny configs)
+  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import quantization, sparse_moe  # pylint: disable=import-outside-toplevel
+
+  def first_expert_linear(**keys):
+    c = pyconfig.initialize(model_families.family_argv("qwen3_moe", None, "nvfp4", sparse_matmul=True, **keys))
+    return quantization.make_quantization(c).expert_gemms()[0]  # layer 0's expert_wi_0
+
+  e, m, d, f = 4, 48, 64, 32
+  group_sizes = jnp.asarray([20, 0, 12, 16], jnp.int32)
+  lhs = jax.random.normal(jax.random.key(9), (m, d), jnp.float32).astype(jnp.bfloat16)
+  rhs = (jax.random.normal(jax.random.key(10), (e, d, f), jnp.float32) * 0.05).astype(jnp.bfloat16)
+
+  def grads(g):
+    def loss(lhs, rhs):
+      with step_lib.step_context(jnp.int32(0), training=True):
+        y = sparse_moe._emulated([g], lhs, rhs, group_sizes, jnp.float32)  # pylint: disable=protected-access
+      return jnp.sum(y * jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape) / y.size)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(lhs, rhs)
+
+  off, on = first_expert_linear(), first_expert_linear(nvfp4_diagnostics=True, nvfp4_diagnostics_interval=1)
+  assert (off.diag_group, on.diag_group, on.role) == (None, "experts_first", "expert_wi_0")
+  diagnostics.AGGREGATOR.clear()
+  (l0, g0), (l1, g1) = grads(off), grads(on)
+  jax.effects_barrier()
+  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+  for a, b in zip(g0, g1):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
+  assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): e for t in diagnostics.TENSORS}
+  # expert e's x holds its group's rows: the non-zero counts are the group sizes times d (an empty group: 0)
+  assert [r["nonzero"] for r in reports[("experts_first", "x")]] == [float(n * d) for n in group_sizes]
+  diagnostics.AGGREGATOR.clear()
