@@ -100,9 +100,12 @@ class LossStats:
   max_gap: float | None
   # mean_gap / mean baseline loss over the converged part.
   relative_gap: float | None
-  # Last final-eval loss of the run and of the baseline (None when absent).
+  # Final-eval loss of the run and of the baseline at eval_step (None when absent).
   eval_loss: float | None
   eval_loss_baseline: float | None
+  # The last eval step both runs have (their last evals can differ: a run still going, a shorter run); with
+  # no common eval step, each one's own last eval (None when a run has none).
+  eval_step: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -209,10 +212,14 @@ def loss_stats(run: Run, base: Run, opts: Options, smooth: int) -> LossStats | N
     base_mean = math.fsum(lb[start:]) / len(conv)
     rel = mean_gap / base_mean if base_mean else None
   ev, evb = run.eval_loss, base.eval_loss
+  shared = set(ev) & set(evb)
+  at = max(shared) if shared else None
   return LossStats(steps=tuple(cut), final_loss=final, final_loss_baseline=final_b,
                    converged_start_step=cut[start] if start < n else None, mean_gap=mean_gap,
-                   max_gap=max_gap, relative_gap=rel, eval_loss=ev[max(ev)] if ev else None,
-                   eval_loss_baseline=evb[max(evb)] if evb else None)
+                   max_gap=max_gap, relative_gap=rel,
+                   eval_loss=ev[at] if at is not None else (ev[max(ev)] if ev else None),
+                   eval_loss_baseline=evb[at] if at is not None else (evb[max(evb)] if evb else None),
+                   eval_step=at)
 
 
 def _steps_span(run: Run) -> str:

@@ -392,3 +392,27 @@ def test_layers_import_downward_only():
         used.add(node.module.rsplit(".", 1)[1])
     later = used & set(order[i + 1:])
     assert not later, f"{name}.py imports {sorted(later)}"
+
+
+def test_eval_gap_is_taken_at_the_last_eval_step_both_runs_have(tmp_path):
+  """A baseline that has run further (a study still going) has a later eval: the gap compares the two runs at
+  the last eval step they share, not each one's own last eval."""
+  base = [record(s, base_loss(s), step_time(s, False)) for s in range(N)]
+  run = [record(s, base_loss(s) + gap(s), step_time(s, True)) for s in range(N)]
+
+  def ev(step, loss, name):
+    return json.dumps({"step": float(step), "eval/avg_loss": loss, "eval/total_loss": 100 * loss,
+                       "eval/total_weights": 100.0, "run_name": name})
+
+  (tmp_path / "fp8").mkdir()
+  (tmp_path / "nvfp4").mkdir()
+  b = write(tmp_path / "fp8" / "metrics.jsonl", base, [ev(20, 3.3, "b"), ev(40, 3.1, "b"), ev(60, 2.0, "b")])
+  r = write(tmp_path / "nvfp4" / "metrics.jsonl", run, [ev(20, 3.32, "r"), ev(40, 3.15, "r")])
+  c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options())
+  ls = c.results[1].loss
+  assert (ls.eval_step, ls.eval_loss, ls.eval_loss_baseline) == (40, 3.15, 3.1)
+  out = tmp_path / "out"
+  cli(["compare", b, r, "--out", str(out), "--no-plots"])
+  assert "| nvfp4 | 40 | 3.1500 | +0.0500 |" in (out / "report.md").read_text()
+  # the baseline's own last eval (step 60) is still its row
+  assert "| fp8 | 60 | 2.0000 | - |" in (out / "report.md").read_text()
