@@ -100,12 +100,12 @@ class LossStats:
   max_gap: float | None
   # mean_gap / mean baseline loss over the converged part.
   relative_gap: float | None
-  # Final-eval loss of the run and of the baseline at eval_step (None when absent).
+  # Final-eval loss of the run and of the baseline at eval_shared_at (None when absent).
   eval_loss: float | None
   eval_loss_baseline: float | None
   # The last eval step both runs have (their last evals can differ: a run still going, a shorter run); with
   # no common eval step, each one's own last eval (None when a run has none).
-  eval_step: int | None = None
+  eval_shared_at: int | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -219,7 +219,7 @@ def loss_stats(run: Run, base: Run, opts: Options, smooth: int) -> LossStats | N
                    max_gap=max_gap, relative_gap=rel,
                    eval_loss=ev[at] if at is not None else (ev[max(ev)] if ev else None),
                    eval_loss_baseline=evb[at] if at is not None else (evb[max(evb)] if evb else None),
-                   eval_step=at)
+                   eval_shared_at=at)
 
 
 def _steps_span(run: Run) -> str:

@@ -174,7 +174,7 @@ def render_markdown(c: Comparison, plots: Sequence[str] = ()) -> str:
         [[r.run.name, str(max(r.run.eval_loss)), f"{r.run.eval_loss[max(r.run.eval_loss)]:.4f}",
           "-" if r.is_baseline or not (r.loss and r.loss.eval_loss_baseline is not None)
           else f"{r.loss.eval_loss - r.loss.eval_loss_baseline:+.4f}"
-          + ("" if r.loss.eval_step in (None, max(r.run.eval_loss)) else f" (at step {r.loss.eval_step})")]
+          + ("" if r.loss.eval_shared_at in (None, max(r.run.eval_loss)) else f" (at step {r.loss.eval_shared_at})")]
          for r in evals]), ""]
   out += drift_lines(c)
   dh, dr = diagnostics_rows(c)

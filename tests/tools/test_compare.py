@@ -410,7 +410,7 @@ def test_eval_gap_is_taken_at_the_last_eval_step_both_runs_have(tmp_path):
   r = write(tmp_path / "nvfp4" / "metrics.jsonl", run, [ev(20, 3.32, "r"), ev(40, 3.15, "r")])
   c = comparison.compare_runs([compare.load_run(b), compare.load_run(r)], comparison.Options())
   ls = c.results[1].loss
-  assert (ls.eval_step, ls.eval_loss, ls.eval_loss_baseline) == (40, 3.15, 3.1)
+  assert (ls.eval_shared_at, ls.eval_loss, ls.eval_loss_baseline) == (40, 3.15, 3.1)
   out = tmp_path / "out"
   cli(["compare", b, r, "--out", str(out), "--no-plots"])
   assert "| nvfp4 | 40 | 3.1500 | +0.0500 |" in (out / "report.md").read_text()
