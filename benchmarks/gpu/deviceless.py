@@ -126,23 +126,37 @@ def analyze(fn, args, *, n_elements: int, spec: str = "h200", keep_dump: str | N
     if assignments:
       with open(assignments[-1]) as fh:
         buffers = largest_temp_buffers(fh.read())
-  mem = compiled.memory_analysis()
-  traffic = hlo_traffic.traffic(text)
   stats = qh.hlo_stats(text, n_elements)
-  mib = lambda b: round(b / 2**20, 1)  # noqa: E731
   return dict(
       compile_s=round(seconds, 1),
-      gemm_kernels=traffic["gemm"][0], gemm_gib=round(traffic["gemm"][1] / 2**30, 3),
-      other_kernels=traffic["other"][0], other_gib=round(traffic["other"][1] / 2**30, 3),
+      **compiled_counts(compiled, text),
       bytes_per_element=stats["traffic_bytes_per_element"], operand_reads=stats["operand_reads"],
       full_writes=stats["full_writes"], f32_temps=stats["f32_temps"],
-      argument_mib=mib(mem.argument_size_in_bytes), output_mib=mib(mem.output_size_in_bytes),
-      temp_mib=mib(mem.temp_size_in_bytes),
-      total_mib=mib(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-                    - mem.alias_size_in_bytes),
       largest_temps=[f"{b['name']} {b['shape']} {b['mib']:.1f} MiB" for b in buffers],
       hlo=text,
   )
+
+
+def compiled_counts(compiled, text: str | None = None) -> dict:
+  """Kernels and GiB per kernel class (``hlo_traffic.traffic`` of the optimized HLO ``text``, by default the
+  compiled program's) and ``memory_analysis()`` in MiB (argument, output, temp, total = their sum - aliased)."""
+  mem = compiled.memory_analysis()
+  traffic = hlo_traffic.traffic(compiled.as_text() if text is None else text)
+  mib = lambda b: round(b / 2**20, 1)  # noqa: E731
+  return dict(
+      gemm_kernels=traffic["gemm"][0], gemm_gib=round(traffic["gemm"][1] / 2**30, 3),
+      other_kernels=traffic["other"][0], other_gib=round(traffic["other"][1] / 2**30, 3),
+      argument_mib=mib(mem.argument_size_in_bytes), output_mib=mib(mem.output_size_in_bytes),
+      temp_mib=mib(mem.temp_size_in_bytes),
+      total_mib=mib(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+                    - mem.alias_size_in_bytes))
+
+
+def select(patterns: str, programs) -> list[str]:
+  """The names of ``programs`` matching a comma list of names or globs, in the programs' order."""
+  import fnmatch  # pylint: disable=import-outside-toplevel
+
+  return [n for pat in patterns.split(",") if pat for n in programs if fnmatch.fnmatch(n, pat)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -229,9 +243,7 @@ def main(argv=None) -> int:
   if reason:
     print(f"deviceless.py: {reason}", file=sys.stderr)
     return 2
-  import fnmatch  # pylint: disable=import-outside-toplevel
-
-  names = [n for pat in a.programs.split(",") if pat for n in PROGRAMS if fnmatch.fnmatch(n, pat)]
+  names = select(a.programs, PROGRAMS)
   if not names:
     p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
   print(f"{HEADLINE}; spec {a.spec}; jax {jax.__version__}", flush=True)

@@ -78,7 +78,6 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
   from jax.sharding import AxisType, Mesh  # pylint: disable=import-outside-toplevel
 
   import deviceless  # pylint: disable=import-outside-toplevel
-  import hlo_traffic  # pylint: disable=import-outside-toplevel
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
 
   maxtext_nvfp4.register()
@@ -103,18 +102,8 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
   t1 = time.perf_counter()
   compiled = lowered.compile()
   t2 = time.perf_counter()
-  text = compiled.as_text()
-  mem = compiled.memory_analysis()
-  traffic = hlo_traffic.traffic(text)
-  mib = lambda b: round(b / 2**20, 1)  # noqa: E731
   return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, jax=jax.__version__,
-              lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1),
-              gemm_kernels=traffic["gemm"][0], gemm_gib=round(traffic["gemm"][1] / 2**30, 3),
-              other_kernels=traffic["other"][0], other_gib=round(traffic["other"][1] / 2**30, 3),
-              argument_mib=mib(mem.argument_size_in_bytes), output_mib=mib(mem.output_size_in_bytes),
-              temp_mib=mib(mem.temp_size_in_bytes),
-              total_mib=mib(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-                            - mem.alias_size_in_bytes))
+              lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1), **deviceless.compiled_counts(compiled))
 
 
 def table(rows: list[dict]) -> str:
@@ -141,12 +130,11 @@ def main(argv=None) -> int:
   if a.one:
     print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set)), flush=True)
     return 0
-  import fnmatch  # pylint: disable=import-outside-toplevel
+  import deviceless  # pylint: disable=import-outside-toplevel
 
-  names = [n for pat in a.programs.split(",") if pat for n in PROGRAMS if fnmatch.fnmatch(n, pat)]
+  names = deviceless.select(a.programs, PROGRAMS)
   if not names:
     p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
-  import deviceless  # pylint: disable=import-outside-toplevel
 
   print(f"{deviceless.HEADLINE}; spec {a.spec}", flush=True)
   rows = []
