@@ -445,6 +445,15 @@ def _deepseek_problems(config) -> list[str]:
   return problems
 
 
+def _scanned_cycle_problems(config, block: str) -> list[str]:
+  """A scanned block of inhomogeneous_layer_cycle_interval layers (olmo3, llama4) needs a whole number of them."""
+  if _get(config, "scan_layers") and int(config.num_decoder_layers) % int(config.inhomogeneous_layer_cycle_interval):
+    return [f"scan_layers=true with num_decoder_layers={config.num_decoder_layers} not a multiple of"
+            f" inhomogeneous_layer_cycle_interval={config.inhomogeneous_layer_cycle_interval} (MaxText's"
+            f" scanned {block} builds whole blocks only)"]
+  return []
+
+
 def _olmo3_problems(config) -> list[str]:
   """What Olmo3ForCausalLM cannot express of a MaxText olmo3 block (models/olmo3.py, layers/attentions.py
   init_rotary_embedding and its q/k norms, layers/embeddings.py YarnRotaryEmbedding)."""
@@ -459,10 +468,7 @@ def _olmo3_problems(config) -> list[str]:
     problems.append("attention_bias=true (MaxText's olmo3 conversion maps no attention bias)")
   if int(_get(config, "sliding_window_size") or 0) <= 0:
     problems.append(f"sliding_window_size={_get(config, 'sliding_window_size')} (the sliding layers need a window)")
-  if _get(config, "scan_layers") and int(config.num_decoder_layers) % int(config.inhomogeneous_layer_cycle_interval):
-    problems.append(f"scan_layers=true with num_decoder_layers={config.num_decoder_layers} not a multiple of"
-                    f" inhomogeneous_layer_cycle_interval={config.inhomogeneous_layer_cycle_interval} (MaxText's"
-                    " scanned olmo3 builds whole blocks only)")
+  problems += _scanned_cycle_problems(config, "olmo3")
   if str(_get(config, "rope_type")) == "yarn":
     if _get(config, "rope_interleave") or _get(config, "rope_pairwise") or not _get(config, "rope_truncate"):
       # interleaved pairs would need q/k rows permuted (MaxText's olmo3 conversion does not); HF reads truncate
@@ -502,10 +508,7 @@ def _llama4_problems(config) -> list[str]:
                     " chunks: a positive size)")
   if int(_get(config, "interleave_moe_layer_step") or 0) <= 0:
     problems.append(f"interleave_moe_layer_step={_get(config, 'interleave_moe_layer_step')} (a positive step)")
-  if _get(config, "scan_layers") and int(config.num_decoder_layers) % int(config.inhomogeneous_layer_cycle_interval):
-    problems.append(f"scan_layers=true with num_decoder_layers={config.num_decoder_layers} not a multiple of"
-                    f" inhomogeneous_layer_cycle_interval={config.inhomogeneous_layer_cycle_interval} (MaxText's"
-                    " scanned llama4 builds whole blocks only)")
+  problems += _scanned_cycle_problems(config, "llama4")
   return problems
 
 
