@@ -23,6 +23,7 @@ from maxtext.layers import quantizations  # pylint: disable=wrong-import-order
 from maxtext.utils import model_creation_utils  # pylint: disable=wrong-import-order
 
 maxtext_nvfp4.register()  # MaxText accepts quantization=nvfp4 (importing the package registers nothing)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))  # model_families
 
 MAXTEXT = v0_2_5.ADAPTER  # the kernel-axes signatures the locator is given (data, as core/ receives them)
 
@@ -249,12 +250,28 @@ def test_te_plan_counts_like_the_emulation():
   assert p == fresh() and hash(p) == hash(fresh())
 
 
+def _same_numbers_and_one_report_per_expert(run_off, run_on, experts: int) -> dict:
+  """``run_off()`` and ``run_on()`` (loss, grads) of layer 0's first expert linear with diagnostics off / on are
+  equal bit for bit, and the run with them on reported one x, W and dy per expert to ``experts_first``;
+  returns those reports (``{(group, tensor): [report per expert]}``)."""
+  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+
+  diagnostics.AGGREGATOR.clear()
+  (l0, g0), (l1, g1) = run_off(), run_on()
+  jax.effects_barrier()
+  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+  for a, b in zip(g0, g1):
+    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
+  diagnostics.AGGREGATOR.clear()
+  assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): experts for t in diagnostics.TENSORS}
+  return reports
+
+
 def test_moe_expert_einsum_reports_each_expert_when_diagnostics_are_on():
   """RoutedMoE's expert einsum (sparse_matmul=false) from our Quantization: with diagnostics on, the same
   numbers as with them off, and one x / W / dy report per expert in the ``experts_*`` group of its layer."""
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
   import model_families  # pylint: disable=import-outside-toplevel  (benchmarks/: the families' tiny configs)
-  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import quantization, touchpoints  # pylint: disable=import-outside-toplevel
 
   wi_axes, _ = touchpoints.adapter().expert_kernel_axes
@@ -274,24 +291,15 @@ def test_moe_expert_einsum_reports_each_expert_when_diagnostics_are_on():
       return jnp.sum(y.astype(jnp.float32) * jnp.arange(y.size, dtype=jnp.float32).reshape(y.shape) / y.size)
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
 
-  diagnostics.AGGREGATOR.clear()
-  (l0, g0) = grads(expert_einsum())
-  (l1, g1) = grads(expert_einsum(nvfp4_diagnostics=True, nvfp4_diagnostics_interval=1))
-  jax.effects_barrier()
-  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
-  for a, b in zip(g0, g1):
-    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-  reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
-  assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): e for t in diagnostics.TENSORS}
-  diagnostics.AGGREGATOR.clear()
+  _same_numbers_and_one_report_per_expert(lambda: grads(expert_einsum()),
+                                          lambda: grads(expert_einsum(nvfp4_diagnostics=True,
+                                                                      nvfp4_diagnostics_interval=1)), e)
 
 
 def test_sparse_moe_expert_gemm_reports_each_experts_token_group_when_diagnostics_are_on():
   """The grouped-GEMM path (sparse_matmul=true): with diagnostics on, the emulated gmm computes the same numbers
   and reports one x / W / dy per expert, x being the expert's token buffer (its group's rows, then zeros)."""
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
   import model_families  # pylint: disable=import-outside-toplevel  (benchmarks/: the families' tiny configs)
-  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import quantization, sparse_moe  # pylint: disable=import-outside-toplevel
 
   def first_expert_linear(**keys):
@@ -312,14 +320,6 @@ def test_sparse_moe_expert_gemm_reports_each_experts_token_group_when_diagnostic
 
   off, on = first_expert_linear(), first_expert_linear(nvfp4_diagnostics=True, nvfp4_diagnostics_interval=1)
   assert (off.diag_group, on.diag_group, on.role) == (None, "experts_first", "expert_wi_0")
-  diagnostics.AGGREGATOR.clear()
-  (l0, g0), (l1, g1) = grads(off), grads(on)
-  jax.effects_barrier()
-  np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
-  for a, b in zip(g0, g1):
-    np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
-  reports = diagnostics.AGGREGATOR._data[0]  # pylint: disable=protected-access
-  assert {k: len(v) for k, v in reports.items()} == {("experts_first", t): e for t in diagnostics.TENSORS}
+  reports = _same_numbers_and_one_report_per_expert(lambda: grads(off), lambda: grads(on), e)
   # expert e's x holds its group's rows: the non-zero counts are the group sizes times d (an empty group: 0)
   assert [r["nonzero"] for r in reports[("experts_first", "x")]] == [float(n * d) for n in group_sizes]
-  diagnostics.AGGREGATOR.clear()

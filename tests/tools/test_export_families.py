@@ -37,10 +37,25 @@ def checkpoints(tmp_path_factory):
   return {f: export_families.make(f, os.path.join(work, f)) for f in export_families.FAMILIES}
 
 
-@pytest.mark.parametrize("family", list(export_families.FAMILIES))
-def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, family):
+def _matches_maxtexts_forward(label, d, weights, shape, tokens):
+  """Our HF-order forward of ``weights`` equals MaxText's ``model.apply`` of checkpoint ``d`` (fp32) to 2e-5 of
+  max|logits| on ``tokens``; returns (MaxText's logits, that max) for the checks that follow."""
   import jax  # pylint: disable=import-outside-toplevel
 
+  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
+  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, shape, t)[0])(weights, tokens))
+  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
+  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
+  scale = np.abs(theirs).max()
+  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
+  print(f"{label}: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
+  return theirs, scale
+
+
+@pytest.mark.parametrize("family", list(export_families.FAMILIES))
+def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, family):
   from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
@@ -54,13 +69,8 @@ def test_the_conversion_computes_what_maxtexts_forward_computes(checkpoints, fam
     assert "lm_head.weight" not in w
     w["lm_head.weight"] = w["model.embed_tokens.weight"].astype(ml_dtypes.bfloat16).astype(np.float32)
   tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
-  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(w, tokens))
-  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
-  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
-  scale = np.abs(theirs).max()
+  theirs, scale = _matches_maxtexts_forward(family, d, w, model.shape, tokens)
   assert scale > 1.0
-  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
-  print(f"{family}: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
   # a real check: a layout error of the kind a conversion makes (a transposed-then-reshaped projection)
   # moves the logits far beyond the tolerance
   bad = dict(w)
@@ -270,9 +280,6 @@ def test_a_scanned_olmo3_checkpoint_converts_to_what_maxtexts_forward_computes(t
   """MaxText's default scan_layers=true: olmo3's scanned block holds one stacked ``layers_<k>`` per layer of its
   cycle (Olmo3ScannableBlock); 8 layers = 2 blocks of (3 sliding, 1 global). The dimensions come from the
   block, the layer types from each layer's place in it, the names from MaxText's scanned mapping."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
@@ -285,12 +292,7 @@ def test_a_scanned_olmo3_checkpoint_converts_to_what_maxtexts_forward_computes(t
   assert model.shape.sliding_layers == (0, 1, 2, 4, 5, 6)
   assert model.tensors["model.layers.7.self_attn.q_norm.weight"].shape == (4 * 32,)
   tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
-  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(model.tensors, tokens))
-  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
-  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
-  scale = np.abs(theirs).max()
-  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
-  print(f"olmo3 scanned: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
+  _matches_maxtexts_forward("olmo3 scanned", d, model.tensors, model.shape, tokens)
 
 
 def test_olmo3_exports_in_both_formats_with_a_config_transformers_reads_as_maxtexts_model(checkpoints):
@@ -466,9 +468,6 @@ def test_a_scanned_llama4_checkpoint_converts_to_what_maxtexts_forward_computes(
   """MaxText's default scan_layers=true: Llama4ScannableBlock stacks ``layers_<k>`` (sub-layer k of each block of
   inhomogeneous_layer_cycle_interval=4 layers); 8 layers = 2 blocks of (RoPE dense, RoPE MoE, RoPE dense, NoPE
   MoE). The routed experts stack (experts, blocks) leading."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from maxtext_nvfp4.core import hf_forward  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.integration import hf_conversion  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import model_shapes  # pylint: disable=import-outside-toplevel
@@ -482,12 +481,7 @@ def test_a_scanned_llama4_checkpoint_converts_to_what_maxtexts_forward_computes(
   assert model.shape.nope_layers == (3, 7) and model.shape.moe.layers == (1, 3, 5, 7)
   assert model.tensors["model.layers.7.feed_forward.experts.2.down_proj.weight"].shape == (64, 64)
   tokens = np.random.default_rng(1).integers(0, 256, (2, 32))
-  ours = np.asarray(jax.jit(lambda w, t: hf_forward.decoder_forward(w, model.shape, t)[0])(model.tensors, tokens))
-  config = checkpoint.load_config(d["overrides"] + ["dtype=float32", "matmul_precision=highest"])
-  theirs = checkpoint.maxtext_logits(config, d["params"], tokens)
-  scale = np.abs(theirs).max()
-  np.testing.assert_allclose(ours, theirs, atol=2e-5 * scale, rtol=0)
-  print(f"llama4 scanned: ours vs MaxText: max |diff| / max |logits| = {np.abs(ours - theirs).max() / scale:.3g}")
+  _matches_maxtexts_forward("llama4 scanned", d, model.tensors, model.shape, tokens)
 
 
 def test_a_llama4_nvfp4_run_keeps_every_linear_of_a_kept_moe_layer(tmp_path):
