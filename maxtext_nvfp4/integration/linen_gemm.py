@@ -73,13 +73,9 @@ def linen_module_class():
                              amax_groups=groups)
       if self.diag_group is None or not training:
         return out  # trace-time decision: without diagnostics the traced GEMM is exactly the one above
-      from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
-
-      return diagnostics.instrument(lhs, rhs, dimension_numbers, out, step=step, interval=self.diag_interval,
-                                    group=self.diag_group, two_d_weights=self.recipe.two_d_weights,
-                                    stochastic=self.recipe.stochastic_rounding, key=key,
-                                    x_rule=self.recipe.scale_rule("activation"),
-                                    w_rule=self.recipe.scale_rule("weight"))
+      observe = traced.diagnostics_observer(self.recipe, group=self.diag_group, interval=self.diag_interval,
+                                            step=step, key=key)
+      return observe(lhs, rhs, dimension_numbers, out)
 
   return Nvfp4DotGeneral
 
@@ -99,13 +95,7 @@ def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=N
     training, step, use_switched, key = traced.step_inputs(layer, role, seed, recipe, switched, switch_step)
     observe = None
     if diag_group is not None and training:  # trace-time decision, as for the dense GEMMs
-      from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
-
-      def observe(l, r, dims, y):
-        return diagnostics.instrument(l, r, dims, y, step=step, interval=diag_interval, group=diag_group,
-                                      two_d_weights=recipe.two_d_weights, stochastic=recipe.stochastic_rounding,
-                                      key=key, x_rule=recipe.scale_rule("activation"),
-                                      w_rule=recipe.scale_rule("weight"))
+      observe = traced.diagnostics_observer(recipe, group=diag_group, interval=diag_interval, step=step, key=key)
     return grouped_gemm.einsum(eqn, lhs, rhs, recipe=recipe, switched=switched, use_switched=use_switched,
                                key=key, observe=observe)
 

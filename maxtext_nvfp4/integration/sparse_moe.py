@@ -217,18 +217,6 @@ def _device_index():
   return index
 
 
-def _observer(g: ExpertGemm, step, key):
-  """The diagnostics hook of one expert linear (each expert's x, W and dy one report; on a mesh, per device)."""
-  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
-
-  def observe(lhs, rhs, dims, y):
-    return diagnostics.instrument(lhs, rhs, dims, y, step=step, interval=g.diag_interval, group=g.diag_group,
-                                  two_d_weights=g.recipe.two_d_weights, stochastic=g.recipe.stochastic_rounding,
-                                  key=key, x_rule=g.recipe.scale_rule("activation"),
-                                  w_rule=g.recipe.scale_rule("weight"))
-  return observe
-
-
 def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
   """``gmm(lhs, rhs, group_sizes)`` with each expert's GEMM in its planned precision (``gemms``: one per
   column block of ``rhs``: two for a fused ``[wi_0 | wi_1]`` kernel, split evenly as MaxText does)."""
@@ -248,5 +236,8 @@ def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
       key = jax.random.fold_in(key, device)
     outs.append(grouped_gemm.ragged_dot(lhs, w, group_sizes, recipe=g.recipe, switched=g.switched,
                                         use_switched=use_switched, key=key, preferred_element_type=out_dtype,
-                                        observe=_observer(g, step, key) if g.diag_group and training else None))
+                                        observe=traced.diagnostics_observer(g.recipe, group=g.diag_group,
+                                                                            interval=g.diag_interval, step=step,
+                                                                            key=key)
+                                        if g.diag_group and training else None))
   return outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=-1)

@@ -64,3 +64,16 @@ def step_inputs(layer, role, seed, recipe, switched, switch_step):
   step = jnp.zeros((), jnp.int32) if step is None else jnp.asarray(step, jnp.int32)
   use_switched = None if switched is None else step >= switch_step
   return training, step, use_switched, plan_lib.sr_key(seed, step, layer, role)
+
+
+def diagnostics_observer(recipe, *, group: str, interval: int, step, key):
+  """``observe(lhs, rhs, dimension_numbers, y) -> y``: :func:`maxtext_nvfp4.core.diagnostics.instrument` of one
+  traced GEMM (dense, or the experts' batched one) with its recipe's operand settings, reporting to ``group``."""
+  from maxtext_nvfp4.core import diagnostics  # pylint: disable=import-outside-toplevel
+
+  def observe(lhs, rhs, dimension_numbers, y):
+    return diagnostics.instrument(lhs, rhs, dimension_numbers, y, step=step, interval=interval, group=group,
+                                  two_d_weights=recipe.two_d_weights, stochastic=recipe.stochastic_rounding,
+                                  key=key, x_rule=recipe.scale_rule("activation"),
+                                  w_rule=recipe.scale_rule("weight"))
+  return observe
