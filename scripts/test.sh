@@ -12,6 +12,12 @@
 # suite with them (`bash scripts/test.sh tests/core -k golden`).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Python writes each imported module's bytecode once and every later process reads it. Images that set
+# PYTHONDONTWRITEBYTECODE (any non-empty value, "0" included, turns writing off; these machines set it) make every
+# process compile what it imports from source again: ~14 CPU-s per process that imports MaxText, the suite's two
+# workers and each subprocess (benchmarks/RESULTS.md). The environments install with --no-compile, so the first
+# import writes the files.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh || exit 1
 export JAX_PLATFORMS=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=3
 # Two workers on CI's 2 cores (up to 4 elsewhere); --dist loadfile keeps each test file, and so its

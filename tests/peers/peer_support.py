@@ -25,9 +25,9 @@ def peers_built() -> bool:
 
 def run_peer(script: str, *args, timeout: float = 600) -> str:
   """Run ``peer_side/<script> *args`` in the peer python; returns its stdout, raises with its stderr."""
-  env = dict(os.environ, MAXTEXT_NVFP4_PEERS=str(PEERS), PYTHONDONTWRITEBYTECODE="0",
-             OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+  env = dict(os.environ, MAXTEXT_NVFP4_PEERS=str(PEERS), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
   env.pop("PYTHONPATH", None)
+  env.pop("PYTHONDONTWRITEBYTECODE", None)  # any value, "0" too, disables .pyc writing: each peer import compiled again
   proc = subprocess.run([str(PEER_PYTHON), str(PEER_SIDE / script), *map(str, args)], capture_output=True,
                         text=True, timeout=timeout, env=env, check=False)
   if proc.returncode:
