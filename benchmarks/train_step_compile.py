@@ -1,0 +1,78 @@
+"""How long XLA:CPU takes to compile one tiny MaxText training, per quantization: the test suite's cost driver.
+
+Runs the tests' tiny model (tests/maxtext_helpers.py: 3 llama2 layers, d=64, 3 steps, synthetic data), each run in
+a fresh process with its own cold compilation cache, and reports JAX's own compile timers (jax.monitoring):
+tracing, lowering and XLA backend compile, summed over the run's programs, plus its losses (a lever that keeps
+the numerics must leave them bit for bit).
+
+  JAX_PLATFORMS=cpu XLA_FLAGS=--xla_backend_optimization_level=0 .venv/bin/python benchmarks/train_step_compile.py
+  ... benchmarks/train_step_compile.py --quantization nvfp4 --set remat_policy=minimal --repeat 2
+
+The suite runs at ``--xla_backend_optimization_level=0`` (scripts/test.sh); pass the same XLA_FLAGS to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
+_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace s", "/jax/core/compile/jaxpr_to_mlir_module_duration":
+           "lower s", "/jax/core/compile/backend_compile_duration": "XLA compile s"}
+
+
+def _one_run(quantization: str, overrides: dict) -> dict:
+  """One tiny training in this process (a fresh one: run by main()); its compile timers, wall time, losses."""
+  from jax import monitoring  # pylint: disable=import-outside-toplevel
+
+  totals: collections.Counter = collections.Counter()
+  monitoring.register_event_duration_secs_listener(lambda ev, d, **_: totals.update({ev: d}) if ev in _EVENTS else None)
+  from maxtext_helpers import tiny_argv  # pylint: disable=import-outside-toplevel  (registers the plugin)
+  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
+
+  out = tempfile.mkdtemp(prefix="train_step_compile_")
+  t0 = time.time()
+  train.main(tiny_argv(out, run_name="run", quantization=quantization, jax_cache_dir=os.path.join(out, "cache"),
+                       **overrides))
+  wall = time.time() - t0
+  with open(os.path.join(out, "run.jsonl"), encoding="utf-8") as f:
+    losses = [r["learning/loss"] for r in map(json.loads, filter(str.strip, f)) if "learning/loss" in r]
+  return {"timers": {_EVENTS[e]: round(totals[e], 2) for e in _EVENTS}, "wall": round(wall, 1), "losses": losses}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--quantization", action="append", help="'' (bf16) or nvfp4 (repeatable; default both)")
+  p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a MaxText override (repeatable)")
+  p.add_argument("--repeat", type=int, default=1, help="runs per quantization, each in a fresh process")
+  p.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one training, print its JSON row
+  args = p.parse_args(argv)
+  overrides = dict(kv.split("=", 1) for kv in args.set)
+  if args.child is not None:
+    print("ROW " + json.dumps(_one_run(args.child, overrides)), flush=True)
+    return 0
+  print(f"| quantization | run | {' | '.join(_EVENTS.values())} | wall s | losses |")
+  print("|---|---|" + "---|" * len(_EVENTS) + "---|---|")
+  for q in args.quantization or ["", "nvfp4"]:
+    for i in range(args.repeat):
+      cmd = [sys.executable, os.path.abspath(__file__), "--child", q, *(f"--set={kv}" for kv in args.set)]
+      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+      rows = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+      if proc.returncode or not rows:
+        print(f"| {q or 'bf16'} | {i} | run failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]} |")
+        return 1
+      row = json.loads(rows[-1])
+      cells = " | ".join(f"{v:.1f}" for v in row["timers"].values())
+      print(f"| {q or 'bf16'} | {i} | {cells} | {row['wall']:.1f} | {row['losses']} |", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
