@@ -5,10 +5,9 @@
 #   gpu     compile-derived XLA:GPU byte and memory pins (deviceless H200 compile on this CPU)
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
-# The peer and matrix environments build in the background at the lowest priority (nice 19) from the start, beside
-# the main environment's setup and the core suite: they take the CPU its two workers leave idle and finish beside
-# the first stages after it (measured: the core suite 961 s instead of 1015-1083 s at nice 5, the whole command the
-# same; the peer environment is on the critical path, so it starts before setup.sh; benchmarks/RESULTS.md). After the
+# The peer and matrix environments build in the background at the lowest priority (nice 19) while the core suite
+# runs: they take the CPU its two workers leave idle and finish beside the first stages after it (measured: the
+# core suite 961 s instead of 1015-1083 s at nice 5, the whole command the same; benchmarks/RESULTS.md). After the
 # core suite, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
 # suite with them (`bash scripts/test.sh tests/core -k golden`).
 set -uo pipefail
@@ -19,20 +18,7 @@ cd "$(dirname "$0")/.."
 # workers and each subprocess (benchmarks/RESULTS.md). The environments install with --no-compile, so the first
 # import writes the files.
 unset PYTHONDONTWRITEBYTECODE
-STAGES=${STAGES:-core gpu resume peers matrix}
-has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
-logs=.cache/test-logs
-declare -A rc
-if [ "$#" -eq 0 ]; then  # the full command (pytest arguments run only the core suite: no other environments)
-  mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
-  for s in peers matrix; do
-    # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
-    if has "$s"; then
-      ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
-    fi
-  done
-fi
-bash scripts/setup.sh || exit 1  # (a background build then finishes on its own, into .peers/ or .venv-matrix/)
+bash scripts/setup.sh || exit 1
 export JAX_PLATFORMS=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=3
 # Two workers on CI's 2 cores (up to 4 elsewhere); --dist loadfile keeps each test file, and so its
 # module-scoped MaxText runs, on one worker. Pass -n 0 to run serially.
@@ -47,6 +33,16 @@ O0_XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
 if [ "$#" -gt 0 ]; then
   XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers "$@"
 fi
+STAGES=${STAGES:-core gpu resume peers matrix}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
+declare -A rc
+for s in peers matrix; do
+  # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
+  if has "$s"; then
+    ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
+  fi
+done
 stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
   local name=$1 t0=$SECONDS; shift
   echo "=== [$name] $*"
