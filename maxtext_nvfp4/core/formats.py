@@ -115,6 +115,15 @@ def _significand(v):
   return m, jnp.where(sub, -126 - shift, e_field - 127)
 
 
+def is_zero(v):
+  """``v == ±0`` for fp32 ``v`` with subnormals nonzero, from its significand (as :func:`div_rn`'s zero tests).
+
+  Not ``v == 0`` (XLA:CPU compares with denormals-are-zero) and not ``(bits(v) & 0x7FFFFFFF) == 0``: LLVM folds
+  that masked test back into a float compare (seen: a subnormal amax taken for zero in one fusion and not in
+  another)."""
+  return _significand(jnp.asarray(v, jnp.float32))[0] == 0
+
+
 def _seed_quotient(n, d):
   """The backend's fp32 division: only a seed for :func:`div_rn` (tests replace it with a worse one)."""
   return n / d

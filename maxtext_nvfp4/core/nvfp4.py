@@ -582,9 +582,8 @@ def _global_scales(amax, bound: int = E4M3_MAX):
   """(S_enc, S_dec) for ``amax`` (CUDA compute_global_encode_scaling_factor_FP4, with 6 * bound)."""
   # IEEE quotient (div_rn takes subnormal amaxes too: 2688 / subnormal overflows to inf, then FLT_MAX).
   s_enc = jnp.minimum(formats.div_rn(np.float32(global_denominator(bound)), amax), np.float32(FLT_MAX))
-  # Bitwise zero test: XLA:CPU compares with denormals-are-zero, so `amax == 0` is True for a subnormal
-  # amax (whose S_enc must be FLT_MAX, not 1).
-  amax_is_zero = (_bits(amax) & _F32_ABS_MASK) == 0
+  # A subnormal amax is not zero (its S_enc is FLT_MAX, not 1): formats.is_zero, not a float compare.
+  amax_is_zero = formats.is_zero(amax)
   s_enc = jnp.where(amax_is_zero | (s_enc == 0), np.float32(1.0), s_enc)
   s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
   s_dec = _recip_exact(jnp.where(jnp.isnan(s_enc), 1.0, s_enc))

@@ -648,6 +648,28 @@ def test_recip_exact_matches_ieee_including_subnormal_results():
   assert_bits_equal(np.asarray(jax.jit(nv._recip_exact)(s)), np.float32(1) / s, "1/s")
 
 
+def test_global_scales_are_ieee_for_every_amax_in_any_fusion():
+  """(S_enc, S_dec) of a tensor amax == numpy's IEEE chain bit for bit (S_enc = min(2688 / amax, FLT_MAX), 1 for a
+  zero amax or a zero quotient (amax inf), NaN for NaN, as TE's compute_global_encode_scaling_factor_FP4;
+  S_dec = 1 / S_enc) over the whole fp32 range, compiled on its own rather than inside a
+  quantizer. A subnormal amax is not zero: S_enc saturates at FLT_MAX and S_dec is subnormal. (With the zero test
+  written as a masked-bits compare, LLVM folded it into a float compare here and XLA:CPU's denormals-are-zero gave
+  S_enc = 1 for 117 of these amaxes; inside the quantizer's fusions it did not.)"""
+  rng = np.random.default_rng(5)
+  amax = np.concatenate([
+      rng.integers(1, 0x7F800000, 3000, dtype=np.uint64).astype(np.uint32).view(f32),  # every exponent
+      rng.integers(1, 0x00800000, 300, dtype=np.uint64).astype(np.uint32).view(f32),  # subnormal
+      np.array([0.0, -0.0, 1.0, 2688.0, FLT_MAX, np.inf, np.nan, 2.0**-126, 2688.0 * 2.0**-126], f32)])
+  with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+    s_enc = np.minimum(f32(2688) / np.abs(amax), FLT_MAX).astype(f32)
+    s_enc = np.where((amax == 0) | (s_enc == 0), f32(1.0), s_enc)  # numpy compares subnormals as nonzero
+    s_enc = np.where(np.isnan(amax), amax, s_enc).astype(f32)
+    s_dec = (f32(1.0) / s_enc).astype(f32)
+  ours = jax.jit(jax.vmap(nv._global_scales))(np.abs(amax))
+  assert_bits_equal(np.asarray(ours[0]), s_enc, "S_enc")
+  assert_bits_equal(np.asarray(ours[1]), s_dec, "S_dec")
+
+
 def test_gpu_lowering_of_the_quantizer_has_no_loop():
   """On GPU a while loop costs kernel launches and a host round trip per iteration: the quantizer, lowered
   for CUDA (lowering only, no GPU needed), has none -- not in the exact reciprocal, the RHT, or SR."""
