@@ -50,6 +50,7 @@ __all__ = [
     "grid",
     "grid_index",
     "grid_value",
+    "is_zero",
     "pow2",
     "round_to_bf16",
     "round_to_format",

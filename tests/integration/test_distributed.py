@@ -88,8 +88,8 @@ def test_two_processes_agree_with_each_other_and_with_one_process(tmp_path):
   common = [RECIPE, *OVERRIDES, f"base_output_directory={out}"]
   # One process, 2 * DEVICES host devices, no jax.distributed: the same run, then with nvfp4_amax_scope=global
   # (checked below). Started first and run beside the two ranks: the ranks' programs are compiled once, by rank 0
-  # (RANK_MAIN), so the three processes keep the 2 CI cores busy instead of the ranks leaving one idle, and the
-  # test (last in the suite's queue: conftest) ends ~a third sooner. Appended to the caller's XLA_FLAGS: both
+  # (RANK_MAIN), so the three processes keep the 2 CI cores busy instead of the ranks leaving one idle (alone, cold
+  # cache: 49 s -> 37-39 s; it is last in the suite's queue: conftest). Appended to the caller's XLA_FLAGS: both
   # sides must compile with the same flags (the test stage's optimization level changes float results at the
   # 1e-4 level), as the launcher does for the ranks.
   env1 = _env(XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={2 * DEVICES}".strip())
