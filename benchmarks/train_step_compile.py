@@ -34,7 +34,7 @@ def _one_run(quantization: str, overrides: dict) -> dict:
 
   totals: collections.Counter = collections.Counter()
   monitoring.register_event_duration_secs_listener(lambda ev, d, **_: totals.update({ev: d}) if ev in _EVENTS else None)
-  from maxtext_helpers import tiny_argv  # pylint: disable=import-outside-toplevel  (registers the plugin)
+  from maxtext_helpers import losses, tiny_argv  # pylint: disable=import-outside-toplevel  (registers the plugin)
   from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
 
   out = tempfile.mkdtemp(prefix="train_step_compile_")
@@ -42,9 +42,8 @@ def _one_run(quantization: str, overrides: dict) -> dict:
   train.main(tiny_argv(out, run_name="run", quantization=quantization, jax_cache_dir=os.path.join(out, "cache"),
                        **overrides))
   wall = time.time() - t0
-  with open(os.path.join(out, "run.jsonl"), encoding="utf-8") as f:
-    losses = [r["learning/loss"] for r in map(json.loads, filter(str.strip, f)) if "learning/loss" in r]
-  return {"timers": {_EVENTS[e]: round(totals[e], 2) for e in _EVENTS}, "wall": round(wall, 1), "losses": losses}
+  return {"timers": {_EVENTS[e]: round(totals[e], 2) for e in _EVENTS}, "wall": round(wall, 1),
+          "losses": list(losses(os.path.join(out, "run.jsonl")).values())}
 
 
 def main(argv=None) -> int:
