@@ -46,14 +46,18 @@ __all__ = [
     "FloatFormat",
     "bits",
     "div_rn",
+    "divide_significands",
     "from_bits",
     "grid",
     "grid_index",
     "grid_value",
+    "host_significand",
     "is_zero",
     "pow2",
+    "quotient_bits",
     "round_to_bf16",
     "round_to_format",
+    "significand",
     "to_f32_exact",
 ]
 
@@ -105,7 +109,7 @@ def pow2(e):
   return from_bits(((e + 127) << 23).astype(jnp.uint32))
 
 
-def _significand(v):
+def significand(v):
   """``v = m * 2**(e - 23)`` for a finite ``v > 0`` (subnormals too): int32 ``m`` in [2**23, 2**24), int32 ``e``."""
   b = bits(v)
   e_field = ((b >> 23) & 0xFF).astype(jnp.int32)
@@ -122,12 +126,73 @@ def is_zero(v):
   Not ``v == 0`` (XLA:CPU compares with denormals-are-zero) and not ``(bits(v) & 0x7FFFFFFF) == 0``: LLVM folds
   that masked test back into a float compare (seen: a subnormal amax taken for zero in one fusion and not in
   another)."""
-  return _significand(jnp.asarray(v, jnp.float32))[0] == 0
+  return significand(jnp.asarray(v, jnp.float32))[0] == 0
 
 
 def _seed_quotient(n, d):
-  """The backend's fp32 division: only a seed for :func:`div_rn` (tests replace it with a worse one)."""
+  """The backend's fp32 division: only a seed for :func:`divide_significands` (tests replace it with a worse one)."""
   return n / d
+
+
+def host_significand(v) -> tuple[int, int] | None:
+  """``(m, e)`` as :func:`significand`, on the host, for a positive normal fp32 host scalar; None otherwise."""
+  if not (isinstance(v, (int, float, np.floating, np.integer)) or (isinstance(v, np.ndarray) and v.shape == ())):
+    return None
+  b = int(np.asarray(v, np.float32).view(np.uint32))
+  field = (b >> 23) & 0xFF
+  if b >> 31 or field in (0, 0xFF):
+    return None
+  return (b & F32_MANT_MASK) | 0x00800000, field - 127
+
+
+def divide_significands(ma, mb):
+  """``(q, r, k)`` with ``q = floor(ma * 2**k / mb)``, ``r = ma * 2**k - q * mb`` (exact, int32) and
+  ``k = 24 if ma < mb else 23``, for 24-bit significands ``ma, mb`` in [2**23, 2**24), so that ``q`` is in
+  [2**23, 2**24). ``ma`` may be a host int (then its side is folded on the host).
+
+      seed = fl(fl(ma * 2**k) / mb)          the backend's division: a few ulps off at most
+      r    = ma * 2**k - seed * mb             exact in wrap-around uint32 arithmetic (the true |r| < 2**26)
+      d    = (r + 8 mb) div mb  (>= 0)          one exact integer division corrects the seed
+      q, r = seed + d - 8, r + 8 mb - d * mb
+
+  Integer operations only after the seed, whose operands and result are normal fp32 numbers, so this is
+  exact on flush-to-zero backends (XLA:CPU) and with XLA:GPU's approximate division alike.
+  """
+  k24 = mb > ma
+  if isinstance(ma, int):
+    num = jnp.where(k24, np.float32(ma * 2**24), np.float32(ma * 2**23))  # exact: 24 bits times a power of two
+    n_mod = jnp.where(k24, np.uint32((ma << 24) & 0xFFFFFFFF), np.uint32((ma << 23) & 0xFFFFFFFF))
+  else:
+    num = ma.astype(jnp.float32) * jnp.where(k24, np.float32(2.0**24), np.float32(2.0**23))
+    n_mod = ma.astype(jnp.uint32) << jnp.where(k24, np.uint32(24), np.uint32(23))
+  seed = _seed_quotient(num, mb.astype(jnp.float32)).astype(jnp.int32)
+  r = lax.bitcast_convert_type(n_mod - seed.astype(jnp.uint32) * mb.astype(jnp.uint32), jnp.int32) + 8 * mb
+  d = lax.div(r, mb)  # r >= 0: truncation is the floor
+  return seed + d - 8, r - d * mb, jnp.where(k24, 24, 23)
+
+
+def quotient_bits(q, r, mb, e, *, subnormals: bool = True, saturate: bool = False):
+  """The uint32 bits of ``RNE((q + r / mb) * 2**(e - 23))`` for ``q`` in [2**23, 2**24) and ``0 <= r < mb``
+  (:func:`divide_significands`' result): the IEEE fp32 quotient, built from integers.
+
+      normal (e >= -126):   bits = ((e + 126) << 23) + q + up      up: 2r > mb, or 2r == mb and q odd
+                            (q + up == 2**24 carries into the exponent; past FLT_MAX: the bits of inf)
+      subnormal (e < -126): q's low s = -126 - e bits rounded away, half to even, r > 0 as the sticky bit
+
+  ``subnormals=False`` leaves the second out where the caller knows the quotient is normal or overflows;
+  ``saturate=True`` gives FLT_MAX's bits instead of inf's (``min(q, FLT_MAX)``, as integers).
+  """
+  up = (2 * r > mb) | ((2 * r == mb) & ((q & 1) == 1))
+  limit = np.uint32(0x7F7FFFFF if saturate else F32_EXP_MASK)
+  normal = jnp.minimum(((e + 126).astype(jnp.uint32) << 23) + (q + up.astype(jnp.int32)).astype(jnp.uint32), limit)
+  if not subnormals:
+    return normal
+  s = jnp.clip(-126 - e, 1, 25)
+  kept = q >> s
+  rem = q - (kept << s)
+  half = jnp.int32(1) << (s - 1)
+  up_s = (rem > half) | ((rem == half) & ((r > 0) | ((kept & 1) == 1)))
+  return jnp.where(e < -126, (kept + up_s.astype(jnp.int32)).astype(jnp.uint32), normal)
 
 
 def div_rn(a, b):
@@ -140,51 +205,47 @@ def div_rn(a, b):
   exact on every backend, with the division only as a seed:
 
       a = Ma * 2**(ea - 23),  b = Mb * 2**(eb - 23)        24-bit integer significands
-      k = 24 if Ma < Mb else 23                              so Q = floor(Ma * 2**k / Mb) has 24 bits
-      a / b = (Ma * 2**k / Mb) * 2**(E - 23),  E = ea - eb - k + 23   (E: the quotient's exponent)
-      seed  = fl(fl(Ma * 2**k) / Mb)                         any division within a few ulps
-      r     = Ma * 2**k - seed * Mb                          exact in wrap-around uint32 arithmetic
-                                                            (the true |r| < 2**26; 2**k * Ma mod 2**32)
-      Q, r  = seed + floor(r / Mb), r mod Mb                 integer division: exact everywhere
-      RNE on (Q, r): normal E: up if 2r > Mb or (2r == Mb and Q odd); E < -126: Q's low -126 - E bits
-      are dropped, the remainder r acting as a sticky bit.
+      Q, r, k = divide_significands(Ma, Mb)                  Q = floor(Ma * 2**k / Mb) in [2**23, 2**24)
+      a / b = (Q + r / Mb) * 2**(E - 23),  E = ea - eb - k + 23
+      fl(a / b) = quotient_bits(Q, r, Mb, E)                 RNE, subnormal results included
 
-  Integer and power-of-two operations only after the seed, so flush-to-zero backends (XLA:CPU) are
-  exact too. Costs ~30 integer ops per quotient: callers use it on per-block and per-tensor scales.
+  A positive normal host scalar (``np.float32(2688)``) is split on the host, and its zero/Inf/NaN tests
+  vanish: a quotient by or of a constant costs fewer traced operations (the quantizer's scale chain).
+  Costs ~40 integer ops per quotient: callers use it on per-block and per-tensor scales.
   """
-  a = jnp.asarray(a, jnp.float32)
-  b = jnp.asarray(b, jnp.float32)
-  ma, ea = _significand(a)
-  mb, eb = _significand(b)
-  a_zero, b_zero = ma == 0, mb == 0  # 0 has a zero significand, a subnormal does not
-  mb = jnp.maximum(mb, 1)  # b == 0 is answered below; keep the integer division defined
-  k = jnp.where(ma < mb, 24, 23)
-  q = _seed_quotient(ma.astype(jnp.float32) * pow2(k), mb.astype(jnp.float32)).astype(jnp.int32)
-  n_mod = ma.astype(jnp.uint32) << k.astype(jnp.uint32)  # Ma * 2**k mod 2**32
-  r = lax.bitcast_convert_type(n_mod - q.astype(jnp.uint32) * mb.astype(jnp.uint32), jnp.int32)
-  d = jnp.floor_divide(r, mb)
-  q, r = q + d, r - d * mb  # q = floor(Ma * 2**k / Mb) in [2**23, 2**24), 0 <= r < Mb
-  e = ea - eb - k + 23
-  # Normal result: q * 2**(E - 23), rounded up once (q may become 2**24: still exact).
-  up = (2 * r > mb) | ((2 * r == mb) & ((q & 1) == 1))
-  qn = (q + up.astype(jnp.int32)).astype(jnp.float32) * np.float32(2.0**-23)
-  normal = jnp.where(e > 127, np.float32(np.inf), qn * pow2(jnp.clip(e, -126, 127)))
-  # Subnormal result: its integer encoding is q / 2**s, s = -126 - E, rounded half to even.
-  s = jnp.clip(-126 - e, 1, 25)
-  kept = q >> s
-  rem = q - (kept << s)
-  half = jnp.int32(1) << (s - 1)
-  up_s = (rem > half) | ((rem == half) & ((r > 0) | ((kept & 1) == 1)))
-  sub = from_bits((kept + up_s.astype(jnp.int32)).astype(jnp.uint32))
-  out = jnp.where(e < -126, sub, normal)
-  # (Zero tests use the significands: XLA:CPU compares subnormals as zero, and LLVM folds a masked-bits
-  # test ``(bits(a) & 0x7FFFFFFF) == 0`` back into such a float compare -- seen here, where a subnormal
-  # ``a`` then came out as 0.)
-  special = ~jnp.isfinite(a) | ~jnp.isfinite(b) | a_zero | b_zero
-  plain = jnp.where(b_zero & ~a_zero & ~jnp.isnan(a), np.float32(np.inf), a / jnp.where(b_zero, 1.0, b))
-  plain = jnp.where(a_zero & ~b_zero & ~jnp.isnan(b), np.float32(0.0), plain)
+  host_a, host_b = host_significand(a), host_significand(b)
+  if host_a and host_b:
+    return jnp.float32(np.float32(a) / np.float32(b))  # numpy's quotient: IEEE
+  # A traced operand's zero test uses its significand: XLA:CPU compares subnormals as zero, and LLVM folds
+  # a masked-bits test ``(bits(a) & 0x7FFFFFFF) == 0`` back into such a float compare (seen here: a
+  # subnormal ``a`` came out as 0). A host operand is positive, normal and finite: no test at all.
+  no = np.bool_(False)
+  if host_a:
+    ma, ea = host_a
+    a_zero, a_special, a_nan = no, no, no
+  else:
+    a = jnp.asarray(a, jnp.float32)
+    ma, ea = significand(a)
+    a_zero, a_nan = ma == 0, jnp.isnan(a)
+    a_special = a_zero | ~jnp.isfinite(a)
+  if host_b:
+    mb, eb = jnp.int32(host_b[0]), host_b[1]
+    b_zero, b_special, b_nan = no, no, no
+  else:
+    b = jnp.asarray(b, jnp.float32)
+    mb, eb = significand(b)
+    b_zero, b_nan = mb == 0, jnp.isnan(b)
+    b_special = b_zero | ~jnp.isfinite(b)
+    mb = jnp.maximum(mb, 1)  # b == 0 is answered below; keep the integer division defined
+  q, r, k = divide_significands(ma, mb)
+  out = from_bits(quotient_bits(q, r, mb, ea - eb - k + 23))
+  # Zero, Inf and NaN operands: the backend's division gives IEEE's answer there, except where a
+  # flush-to-zero compare would take a subnormal for zero (the zero cases are set from the significands).
+  plain = jnp.asarray(a, jnp.float32) / (b if host_b else jnp.where(b_zero, np.float32(1.0), b))
+  plain = jnp.where(b_zero & ~a_zero & ~a_nan, np.float32(np.inf), plain)
+  plain = jnp.where(a_zero & ~b_zero & ~b_nan, np.float32(0.0), plain)
   plain = jnp.where(a_zero & b_zero, np.float32(np.nan), plain)
-  return jnp.where(special, plain, out)
+  return jnp.where(a_special | b_special, plain, out)
 
 
 def to_f32_exact(x):

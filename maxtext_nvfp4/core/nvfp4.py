@@ -69,7 +69,9 @@ counter hash (``_random_bytes``) and apply TE's SR formula to them exactly.
 Cost (why the code looks the way it does): the element path is ~15 fp32/int ops per element with no
 division (E2M1 codes straight from ``fl(x * enc)``); the tensor amax comes from the block maxima; the
 block scales touch 1/16 of the data; a GEMM operand used once (``quantize_values``) never goes through
-the 4-bit packing. ``benchmarks/profile_notes.md`` has the measurements.
+the 4-bit packing. The per-tensor chain (S_enc, S_dec and the 127-entry encode table) costs nothing at run
+time but is most of what XLA compiles per quantized tensor: its three quotients are integer arithmetic on
+significands (:func:`formats.divide_significands`), with the constants' side folded on the host. ``benchmarks/profile_notes.md`` has the measurements.
 
 XLA pitfalls handled here (each one changed golden bits before it was fixed): XLA:CPU compares with
 denormals-are-zero (a subnormal amax tests ``== 0``; zero tests use the bits), flushes subnormal
@@ -252,46 +254,17 @@ def _mul_exact(a, b_normal):
   return jnp.where(k == 0, prod, prod * _pow2(-126))
 
 
-def _recip_exact(s):
-  """Correctly rounded ``fl(1 / s)`` for fp32 ``s > 0``, subnormal results included (``formats.div_rn``).
+def _recip_normal(s):
+  """Correctly rounded ``fl(1 / s)`` for a positive normal fp32 ``s`` (or NaN: NaN), subnormal results included:
+  ``s``'s significand and exponent straight from its bits into :func:`formats.divide_significands`.
 
   Not ``1.0 / s``: XLA:GPU's fp32 division is 1 ulp off for about a quarter of all inputs.
   """
-  return formats.div_rn(np.float32(1.0), s)
-
-
-def _mul_e4m3_by_f32_exact(s8, d):
-  """Correctly rounded fl(s8 * d) for an E4M3 value ``s8 >= 0`` and an fp32 ``d > 0`` (scalar).
-
-  Exact even when the product (or ``d``) is an fp32 subnormal: s8 has at most 4 significant bits, so
-  the integer product of both significands fits in int32 and is rounded with RNE by integer shifts.
-  """
-  # s8 = k8 * 2**j8 with a 4-bit integer k8.
-  sb = _bits(s8)
-  se = ((sb >> 23) & 0xFF).astype(jnp.int32)
-  k8 = (((sb & _F32_MANT_MASK) | 0x00800000) >> 20).astype(jnp.int32)  # 1.xxx -> 4-bit integer
-  j8 = se - 127 - 3
-  # d = md * 2**jd with an integer md < 2**24.
-  db = _bits(d)
-  de = ((db >> 23) & 0xFF).astype(jnp.int32)
-  md = jnp.where(de == 0, db & _F32_MANT_MASK, (db & _F32_MANT_MASK) | 0x00800000).astype(jnp.int32)
-  jd = jnp.where(de == 0, jnp.int32(-149), de - 150)
-  prod = k8 * md  # < 2**28
-  exp = j8 + jd
-  nbits = 32 - lax.clz(prod)
-  shift = jnp.maximum(jnp.maximum(nbits - 24, -149 - exp), 0)
-  shift_c = jnp.minimum(shift, 31)
-  kept = prod >> shift_c
-  rem = prod - (kept << shift_c)
-  half = jnp.where(shift_c > 0, jnp.int32(1) << jnp.maximum(shift_c - 1, 0), 0)
-  up = (shift_c > 0) & ((rem > half) | ((rem == half) & ((kept & 1) == 1)))
-  kept = jnp.where(shift > 30, 0, kept + up.astype(jnp.int32))
-  exp = exp + shift
-  # Compose kept * 2**exp (kept <= 2**24). Subnormal range: exp == -149 and bits == kept.
-  as_sub = _from_bits(kept.astype(jnp.uint32))
-  as_norm = (kept.astype(jnp.float32) * np.float32(2.0**-23)) * _pow2(jnp.clip(exp + 23, -126, 127))
-  out = jnp.where(exp <= -149, as_sub, as_norm)
-  return jnp.where((prod == 0) | (s8 == 0), jnp.float32(0), out)
+  sb = _bits(s)
+  ms = ((sb & _F32_MANT_MASK) | 0x00800000).astype(jnp.int32)
+  q, r, k = formats.divide_significands(1 << 23, ms)
+  recip = _from_bits(formats.quotient_bits(q, r, ms, 150 - ((sb >> 23) & 0xFF).astype(jnp.int32) - k))
+  return jnp.where(jnp.isnan(s), s, recip)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -579,30 +552,78 @@ def _block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None 
 
 
 def _global_scales(amax, bound: int = E4M3_MAX):
-  """(S_enc, S_dec) for ``amax`` (CUDA compute_global_encode_scaling_factor_FP4, with 6 * bound)."""
-  # IEEE quotient (div_rn takes subnormal amaxes too: 2688 / subnormal overflows to inf, then FLT_MAX).
-  s_enc = jnp.minimum(formats.div_rn(np.float32(global_denominator(bound)), amax), np.float32(FLT_MAX))
-  # A subnormal amax is not zero (its S_enc is FLT_MAX, not 1): formats.is_zero, not a float compare.
-  amax_is_zero = formats.is_zero(amax)
-  s_enc = jnp.where(amax_is_zero | (s_enc == 0), np.float32(1.0), s_enc)
+  """(S_enc, S_dec) for ``amax`` (CUDA compute_global_encode_scaling_factor_FP4, with 6 * bound).
+
+  Both quotients exact from integer significands (:func:`formats.divide_significands`): S_enc = 6B / amax is
+  normal or overflows (to FLT_MAX: amax subnormal or tiny), never subnormal (amax <= FLT_MAX); S_dec = 1 / S_enc
+  may be subnormal (S_enc > 2**126).
+  """
+  mb, eb = formats.significand(amax)
+  amax_is_zero = mb == 0  # a subnormal amax is not zero (its S_enc is FLT_MAX, not 1): from the significand
+  ma, ea = formats.host_significand(global_denominator(bound))
+  mb = jnp.maximum(mb, 1)  # amax == 0 is answered below; keep the integer division defined
+  q, r, k = formats.divide_significands(ma, mb)
+  s_enc = _from_bits(formats.quotient_bits(q, r, mb, ea - eb - k + 23, subnormals=False, saturate=True))
+  s_enc = jnp.where(amax_is_zero | jnp.isinf(amax), np.float32(1.0), s_enc)  # 6B / inf = 0: 1 as well
   s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
-  s_dec = _recip_exact(jnp.where(jnp.isnan(s_enc), 1.0, s_enc))
-  s_dec = jnp.where(jnp.isnan(s_enc), s_enc, s_dec)
-  return s_enc, s_dec
+  return s_enc, _recip_normal(s_enc)  # S_enc is a positive normal number here (or NaN)
+
+
+def _encode_from_e4m3_parts(k8, j8, s_dec):
+  """``min(fl(1 / fl(s8 * S_dec)), FLT_MAX)`` for ``s8 = k8 * 2**j8`` (``k8`` a 4-bit integer: E4M3 has 4
+  significant bits; 0 for s8 = 0) and a non-NaN ``S_dec > 0``, from integers (exact for subnormal S_dec and
+  products):
+
+      S_dec = Md * 2**jd                      (Md < 2**24)
+      p = fl(k8 * Md * 2**(j8 + jd))          RNE to 24 bits, or onto fp32's subnormal grid 2**-149
+      enc = fl(1 / p)                         p's significand straight into divide_significands; a zero
+                                              product (s8 = 0, or p below 2**-150) or 1/p > FLT_MAX: FLT_MAX
+  """
+  db = _bits(s_dec)
+  de = ((db >> 23) & 0xFF).astype(jnp.int32)
+  frac = (db & _F32_MANT_MASK).astype(jnp.int32)
+  md = jnp.where(de == 0, frac, frac | 0x00800000)
+  prod = k8 * md  # < 2**28
+  exp = j8 + jnp.where(de == 0, -149, de - 150)
+  shift = jnp.clip(jnp.maximum(8 - lax.clz(prod), -149 - exp), 0, 31)  # 32 - clz = the product's bit count
+  kept = prod >> shift
+  rem = prod - (kept << shift)
+  half = (jnp.int32(1) << shift) >> 1
+  kept = kept + ((rem > half) | ((rem == half) & (shift > 0) & ((kept & 1) == 1))).astype(jnp.int32)
+  # p = kept * 2**(exp + shift), kept <= 2**24; its significand normalized to [2**23, 2**24): mp * 2**(ep - 23).
+  n = 32 - lax.clz(kept)
+  mp = jnp.maximum(jnp.where(n > 24, kept >> 1, kept << jnp.maximum(24 - n, 0)), 1)  # p == 0: answered below
+  ep = exp + shift + n - 1
+  q, r, k = formats.divide_significands(1 << 23, mp)
+  enc = _from_bits(formats.quotient_bits(q, r, mp, -ep - k + 23, saturate=True))
+  return jnp.where(kept == 0, np.float32(FLT_MAX), enc)
+
+
+def _e4m3_parts(s8):
+  """(k8, j8) with ``s8 = k8 * 2**j8`` for a non-negative fp32 ``s8`` on the E4M3 grid (k8 = 0 for 0)."""
+  sb = _bits(s8)
+  se = ((sb >> 23) & 0xFF).astype(jnp.int32)
+  k8 = (((sb & _F32_MANT_MASK) | 0x00800000) >> 20).astype(jnp.int32)
+  return jnp.where(se == 0, 0, k8), se - 130
+
+
+# E4M3 grid as (k8, j8) host constants: the encode table's products need no bit work on s8.
+_E4M3_K8 = np.array([int(v * 2.0 ** (3 - np.floor(np.log2(v)))) if v else 0 for v in _E4M3_GRID], np.int32)
+_E4M3_J8 = np.array([int(np.floor(np.log2(v))) - 3 if v else 0 for v in _E4M3_GRID], np.int32)
 
 
 def _encode_scales(s8, s_dec):
   """``min(fl(1 / fl(s8 * S_dec)), FLT_MAX)`` per block (IEEE 1/0 = inf for a zero-scale block, and
   1/subnormal overflows: both end at FLT_MAX). A scalar S_dec: the exact quotient is taken once per E4M3
-  value (a 127-entry table, formats.div_rn) and looked up by s8's code, so no per-block division; a per-row
-  S_dec (row-scaled): one exact division per block (1/16 of the data)."""
+  value (a 127-entry table) and looked up by s8's code, so no per-block division; a per-row S_dec
+  (row-scaled): one exact quotient per block (1/16 of the data)."""
   if jnp.ndim(s_dec) == 0:
-    table = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.asarray(_E4M3_GRID), s_dec))
-    table = jnp.where(jnp.isnan(table), table, jnp.minimum(table, np.float32(FLT_MAX)))
-    enc = table[_e4m3_code(s8)]
+    table = _encode_from_e4m3_parts(_E4M3_K8, _E4M3_J8, jnp.where(jnp.isnan(s_dec), 1.0, s_dec))
+    enc = jnp.where(jnp.isnan(s_dec), s_dec, table)[_e4m3_code(s8)]
   else:
-    enc = formats.div_rn(np.float32(1.0), _mul_e4m3_by_f32_exact(jnp.where(jnp.isnan(s8), 0.0, s8), s_dec))
-    enc = jnp.where(jnp.isnan(enc), enc, jnp.minimum(enc, np.float32(FLT_MAX)))
+    k8, j8 = _e4m3_parts(jnp.where(jnp.isnan(s8), 0.0, s8))
+    enc = _encode_from_e4m3_parts(k8, j8, jnp.where(jnp.isnan(s_dec), 1.0, s_dec))
+    enc = jnp.where(jnp.isnan(s_dec), s_dec, enc)
   return jnp.where(jnp.isnan(s8), s8, enc)
 
 

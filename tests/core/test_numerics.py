@@ -637,15 +637,16 @@ def test_rht_branchless_path_equals_branchy(kind):
     assert_bits_equal(np.asarray(a, np.float32), np.asarray(nv.rht(xb, axis=0)), f"{kind} rht default")
 
 
-def test_recip_exact_matches_ieee_including_subnormal_results():
-  """The loop-free fl(1/s): every s above 2**126 (subnormal results; numpy keeps subnormals) and normal s."""
+def test_recip_normal_matches_ieee_including_subnormal_results():
+  """S_dec's fl(1/s), from integers: every s above 2**126 (subnormal results; numpy keeps subnormals) and normal s."""
   rng = np.random.default_rng(0)
   lo, hi = np.float32(2.0**126).view(np.uint32), np.finfo(np.float32).max.view(np.uint32)
   b = np.concatenate([rng.integers(lo, hi, 100_000, dtype=np.uint64).astype(np.uint32),
                       np.arange(lo - 20, lo + 2000, dtype=np.uint32), np.arange(hi - 2000, hi + 1, dtype=np.uint32),
                       rng.integers(0x00800000, lo, 50_000, dtype=np.uint64).astype(np.uint32)])
   s = b.view(np.float32)
-  assert_bits_equal(np.asarray(jax.jit(nv._recip_exact)(s)), np.float32(1) / s, "1/s")
+  assert_bits_equal(np.asarray(jax.jit(nv._recip_normal)(s)), np.float32(1) / s, "1/s")
+  assert np.isnan(np.asarray(jax.jit(nv._recip_normal)(np.float32(np.nan))))
 
 
 def test_is_zero_tells_subnormals_from_zero():
@@ -662,26 +663,68 @@ def test_is_zero_tells_subnormals_from_zero():
   assert np.array_equal(np.asarray(both[0]), want)
 
 
-def test_global_scales_are_ieee_for_every_amax_in_any_fusion():
-  """(S_enc, S_dec) of a tensor amax == numpy's IEEE chain bit for bit (S_enc = min(2688 / amax, FLT_MAX), 1 for a
-  zero amax or a zero quotient (amax inf), NaN for NaN, as TE's compute_global_encode_scaling_factor_FP4;
-  S_dec = 1 / S_enc) over the whole fp32 range, compiled on its own rather than inside a
-  quantizer. A subnormal amax is not zero: S_enc saturates at FLT_MAX and S_dec is subnormal. (With the zero test
-  written as a masked-bits compare, LLVM folded it into a float compare here and XLA:CPU's denormals-are-zero gave
-  S_enc = 1 for 316 of these amaxes; inside the quantizer's fusions it did not.)"""
-  rng = np.random.default_rng(5)
-  amax = np.concatenate([
+def _amaxes_over_the_whole_range(seed):
+  rng = np.random.default_rng(seed)
+  return np.concatenate([
       rng.integers(1, 0x7F800000, 3000, dtype=np.uint64).astype(np.uint32).view(f32),  # every exponent
       rng.integers(1, 0x00800000, 300, dtype=np.uint64).astype(np.uint32).view(f32),  # subnormal
-      np.array([0.0, -0.0, 1.0, 2688.0, FLT_MAX, np.inf, np.nan, 2.0**-126, 2688.0 * 2.0**-126], f32)])
+      np.arange(0x7F7FFF00, 0x7F800000, dtype=np.uint32).view(f32),  # the largest: the smallest S_enc
+      np.array([0.0, -0.0, 1.0, 2688.0, 1536.0, FLT_MAX, np.inf, np.nan, 2.0**-126, 2688.0 * 2.0**-126], f32)])
+
+
+def _ieee_global_scales(amax, bound):
+  """numpy's IEEE chain (subnormals kept): S_enc = min(6B / amax, FLT_MAX), 1 for a zero amax or a zero
+  quotient (amax inf), NaN for NaN, as TE's compute_global_encode_scaling_factor_FP4; S_dec = 1 / S_enc."""
   with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
-    s_enc = np.minimum(f32(2688) / np.abs(amax), FLT_MAX).astype(f32)
+    s_enc = np.minimum(f32(6 * bound) / np.abs(amax), FLT_MAX).astype(f32)
     s_enc = np.where((amax == 0) | (s_enc == 0), f32(1.0), s_enc)  # numpy compares subnormals as nonzero
     s_enc = np.where(np.isnan(amax), amax, s_enc).astype(f32)
-    s_dec = (f32(1.0) / s_enc).astype(f32)
-  ours = jax.jit(jax.vmap(nv._global_scales))(np.abs(amax))
+    return s_enc, (f32(1.0) / s_enc).astype(f32)
+
+
+@pytest.mark.parametrize("bound", [448, 256])
+def test_global_scales_are_ieee_for_every_amax_in_any_fusion(bound):
+  """(S_enc, S_dec) of a tensor amax == numpy's IEEE chain bit for bit over the whole fp32 range, compiled on
+  its own rather than inside a quantizer. A subnormal amax is not zero: S_enc saturates at FLT_MAX and S_dec
+  is subnormal. (With the zero test written as a masked-bits compare, LLVM folded it into a float compare here
+  and XLA:CPU's denormals-are-zero gave S_enc = 1 for 316 of these amaxes; inside the quantizer's fusions it
+  did not.)"""
+  amax = _amaxes_over_the_whole_range(5)
+  s_enc, s_dec = _ieee_global_scales(amax, bound)
+  ours = jax.jit(jax.vmap(lambda a: nv._global_scales(a, bound)))(np.abs(amax))
   assert_bits_equal(np.asarray(ours[0]), s_enc, "S_enc")
   assert_bits_equal(np.asarray(ours[1]), s_dec, "S_dec")
+
+
+def _ieee_encode(s8, s_dec):
+  with np.errstate(over="ignore", divide="ignore", invalid="ignore", under="ignore"):
+    enc = (f32(1.0) / (s8.astype(f32) * s_dec).astype(f32)).astype(f32)
+  return np.where(np.isnan(enc), enc, np.minimum(enc, FLT_MAX)).astype(f32)
+
+
+def test_e4m3_grid_parts_are_its_values():
+  """The encode table's host constants: every E4M3 value is k8 * 2**j8 with a 4-bit k8 (0 for 0)."""
+  assert np.array_equal(nv._E4M3_K8 * np.exp2(nv._E4M3_J8.astype(np.float64)), nv._E4M3_GRID.astype(np.float64))
+  assert nv._E4M3_K8[0] == 0 and np.all((nv._E4M3_K8[1:] >= 1) & (nv._E4M3_K8[1:] < 16))
+
+
+@pytest.mark.parametrize("seed_fn", ["backend", "sloppy"])
+@pytest.mark.parametrize("bound", [448, 256])
+def test_encode_scales_are_ieee_for_every_amax(monkeypatch, seed_fn, bound):
+  """enc = min(fl(1 / fl(s8 * S_dec)), FLT_MAX) == numpy's IEEE quotient bit for bit, for every E4M3 value s8
+  (the 127-entry table of a scalar S_dec) and per block (a per-row S_dec, row-scaled), over S_dec of amaxes
+  across the whole fp32 range: subnormal S_dec and products (1/p overflows: FLT_MAX), zero s8, the largest
+  S_dec (bound 256: 1/p near 2**-126), NaN; with the backend's division and one up to 2 ulps off as the seed."""
+  if seed_fn == "sloppy":
+    monkeypatch.setattr(formats, "_seed_quotient", _sloppy_seed)
+  amax = _amaxes_over_the_whole_range(9)
+  _, s_dec = _ieee_global_scales(amax, bound)
+  grid = nv._E4M3_GRID
+  table = jax.jit(jax.vmap(lambda d: nv._encode_scales(jnp.asarray(grid), d)))(s_dec)
+  assert_bits_equal(np.asarray(table), _ieee_encode(grid[None, :], s_dec[:, None]), "encode table")
+  rows = np.random.default_rng(4).choice(grid, (s_dec.size, 8))
+  per_row = jax.jit(nv._encode_scales)(rows, s_dec[:, None])
+  assert_bits_equal(np.asarray(per_row), _ieee_encode(rows, s_dec[:, None]), "encode per block")
 
 
 def test_gpu_lowering_of_the_quantizer_has_no_loop():
