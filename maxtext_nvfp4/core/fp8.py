@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext_nvfp4.core.formats import E4M3, E5M2, F32_ABS_MASK, FLT_MAX, FloatFormat, bits, from_bits, round_to_format
-from maxtext_nvfp4.core.formats import div_rn, to_f32_exact
+from maxtext_nvfp4.core.formats import div_rn, is_zero, to_f32_exact
 
 __all__ = ["E4M3", "E5M2", "FP8Tensor", "dequantize", "quantize", "scale_from_amax"]
 
@@ -62,8 +62,8 @@ def scale_from_amax(amax, fmt) -> jax.Array:
   amax = jnp.asarray(amax, jnp.float32)
   scale = div_rn(np.float32(f.max), amax)  # IEEE quotient on every backend (XLA:GPU divides 1 ulp off)
   scale = jnp.where(jnp.isinf(scale), np.float32(FLT_MAX), scale)
-  # amax == 0 tested on the bits: a flush-to-zero compare would also catch subnormal amaxes.
-  return jnp.where((bits(amax) == 0) | ~jnp.isfinite(amax), np.float32(1.0), scale)
+  # amax == ±0 from the significand (formats.is_zero): a flush-to-zero compare would also catch subnormal amaxes.
+  return jnp.where(is_zero(amax) | ~jnp.isfinite(amax), np.float32(1.0), scale)
 
 
 @jax.tree_util.register_dataclass

@@ -84,6 +84,24 @@ def test_quantize_zero_tiny_and_non_finite():
       assert np.isnan(float(t.amax)) if np.isnan(bad) else np.isinf(float(t.amax))
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_scale_from_amax_is_tes_for_every_amax(fmt):
+  """scale_from_amax == TE's compute_scale_from_amax (common/recipe/recipe_common.cuh: 1 for an Inf or zero amax,
+  ``__fdiv_rn(max, amax)``, FLT_MAX where that overflows, 1 where it is NaN) bit for bit, compiled on its own, over
+  the whole fp32 range: a subnormal amax is not zero (FLT_MAX: TE's GPU compare keeps subnormals), -0.0 is (1)."""
+  rng = np.random.default_rng(11)
+  amax = np.concatenate([rng.integers(1, 0x7F800000, 3000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                         rng.integers(1, 0x00800000, 300, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                         np.array([0.0, -0.0, np.inf, np.nan, 1.0, _MAX[fmt], 2.0**-126], np.float32)])
+  with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+    want = (np.float32(_MAX[fmt]) / amax).astype(np.float32)
+  want = np.where(np.isinf(want), np.float32(formats.FLT_MAX), want)
+  want = np.where(np.isnan(want), np.float32(1.0), want)
+  want = np.where(np.isinf(amax) | (amax == 0), np.float32(1.0), want).astype(np.float32)  # numpy: -0.0 == 0
+  got = np.asarray(jax.jit(lambda a: fp8.scale_from_amax(a, fmt))(amax))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_errors():
   with pytest.raises(ValueError, match="unknown FP8 format"):
     fp8.quantize(jnp.ones(3), "e3m4")
