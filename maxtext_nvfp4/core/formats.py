@@ -195,6 +195,21 @@ def quotient_bits(q, r, mb, e, *, subnormals: bool = True, saturate: bool = Fals
   return jnp.where(e < -126, (kept + up_s.astype(jnp.int32)).astype(jnp.uint32), normal)
 
 
+def _div_operand(v):
+  """``(v, m, e, zero, nan, special)`` of one :func:`div_rn` operand. A positive normal host scalar is split on
+  the host (``m`` a Python int) and needs no test (``np.False_``); a traced one gets its zero test from its
+  significand: XLA:CPU compares subnormals as zero, and LLVM folds a masked-bits test
+  ``(bits(v) & 0x7FFFFFFF) == 0`` back into such a float compare (seen here: a subnormal ``a`` came out as 0)."""
+  host = host_significand(v)
+  if host:
+    no = np.bool_(False)
+    return v, host[0], host[1], no, no, no
+  v = jnp.asarray(v, jnp.float32)
+  m, e = significand(v)
+  zero = m == 0
+  return v, m, e, zero, jnp.isnan(v), zero | ~jnp.isfinite(v)
+
+
 def div_rn(a, b):
   """``fl(a / b)``: the correctly rounded (IEEE RNE) fp32 quotient, subnormal results included.
 
@@ -213,35 +228,17 @@ def div_rn(a, b):
   vanish: a quotient by or of a constant costs fewer traced operations (the quantizer's scale chain).
   Costs ~40 integer ops per quotient: callers use it on per-block and per-tensor scales.
   """
-  host_a, host_b = host_significand(a), host_significand(b)
-  if host_a and host_b:
+  if host_significand(a) and host_significand(b):
     return jnp.float32(np.float32(a) / np.float32(b))  # numpy's quotient: IEEE
-  # A traced operand's zero test uses its significand: XLA:CPU compares subnormals as zero, and LLVM folds
-  # a masked-bits test ``(bits(a) & 0x7FFFFFFF) == 0`` back into such a float compare (seen here: a
-  # subnormal ``a`` came out as 0). A host operand is positive, normal and finite: no test at all.
-  no = np.bool_(False)
-  if host_a:
-    ma, ea = host_a
-    a_zero, a_special, a_nan = no, no, no
-  else:
-    a = jnp.asarray(a, jnp.float32)
-    ma, ea = significand(a)
-    a_zero, a_nan = ma == 0, jnp.isnan(a)
-    a_special = a_zero | ~jnp.isfinite(a)
-  if host_b:
-    mb, eb = jnp.int32(host_b[0]), host_b[1]
-    b_zero, b_special, b_nan = no, no, no
-  else:
-    b = jnp.asarray(b, jnp.float32)
-    mb, eb = significand(b)
-    b_zero, b_nan = mb == 0, jnp.isnan(b)
-    b_special = b_zero | ~jnp.isfinite(b)
-    mb = jnp.maximum(mb, 1)  # b == 0 is answered below; keep the integer division defined
+  a, ma, ea, a_zero, a_nan, a_special = _div_operand(a)
+  b, mb, eb, b_zero, b_nan, b_special = _div_operand(b)
+  # b == 0 is answered below; keep the integer division defined (a host mb is a positive int).
+  mb = jnp.int32(mb) if isinstance(mb, int) else jnp.maximum(mb, 1)
   q, r, k = divide_significands(ma, mb)
   out = from_bits(quotient_bits(q, r, mb, ea - eb - k + 23))
   # Zero, Inf and NaN operands: the backend's division gives IEEE's answer there, except where a
   # flush-to-zero compare would take a subnormal for zero (the zero cases are set from the significands).
-  plain = jnp.asarray(a, jnp.float32) / (b if host_b else jnp.where(b_zero, np.float32(1.0), b))
+  plain = jnp.asarray(a, jnp.float32) / jnp.where(b_zero, np.float32(1.0), b)
   plain = jnp.where(b_zero & ~a_zero & ~a_nan, np.float32(np.inf), plain)
   plain = jnp.where(a_zero & ~b_zero & ~b_nan, np.float32(0.0), plain)
   plain = jnp.where(a_zero & b_zero, np.float32(np.nan), plain)
