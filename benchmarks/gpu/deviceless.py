@@ -90,9 +90,12 @@ def on_device(args, spec: str = "h200"):
 def compile_for(fn, args, *, spec: str = "h200", dump_dir: str | None = None):
   """``jax.jit(fn)`` compiled for the spec's GPU from abstract ``args`` (XLA's dump into ``dump_dir``)."""
   jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
-  lowered = jitted.trace(*on_device(args, spec)).lower()
   options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
-  return lowered.compile(options) if options else lowered.compile()
+  # The default device names the GPU that Pallas's Triton lowering targets (it reads the default device's
+  # kind); the partitioner lowers custom_partitioning's kernels inside compile(), so both run under it.
+  with jax.default_device(device(spec)):
+    lowered = jitted.trace(*on_device(args, spec)).lower()
+    return lowered.compile(options) if options else lowered.compile()
 
 
 _VALUE = re.compile(r"value: <\d+ ([\w.-]+)(\{[\d,]*\})? @\d+> \(size=(\d+),offset=(\d+)\): (\S+)")

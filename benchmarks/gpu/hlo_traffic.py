@@ -13,18 +13,27 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import quantizer_hlo as qh  # noqa: E402
 
 
+_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_METADATA = re.compile(r"metadata=\{[^}]*\}")
+
+
 def kind(ins) -> str:
-  attrs = ins.attrs.lower()
-  if ins.opcode == "custom-call" and ("gemm" in attrs or "cublas" in attrs):
-    return "gemm"
+  # Not the metadata: its op names carry our function names (``_gemm2d``), on GEMMs and quantizers alike.
+  attrs = _METADATA.sub("", ins.attrs).lower()
+  if ins.opcode == "custom-call":
+    target = _TARGET.search(ins.attrs)
+    target = target.group(1).lower() if target else ""
+    # cuBLAS / cuBLASLt GEMMs; not the Triton custom calls of Pallas kernels (__gpu$xla.gpu.triton).
+    return "gemm" if ("gemm" in target or "cublas" in target or "matmul" in target) else "other"
   # XLA:GPU's Triton GEMM fusions: kind=kCustom calling a gemm computation, or tagged triton_gemm.
-  if ins.opcode == "fusion" and ("triton_gemm" in ins.attrs or ("kind=kCustom" in ins.attrs and "gemm" in attrs)):
+  if ins.opcode == "fusion" and ("triton_gemm" in attrs or ("kind=kcustom" in attrs and "gemm" in attrs)):
     return "gemm"
   return "other"
 

@@ -96,12 +96,14 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
   data_sharding = sharding.get_input_data_sharding(config, mesh)
   fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
       train.train_step, data_sharding, in_state, model, config, params_shardings)
-  with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules):
-    lowered = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, static_argnums=static,
-                      donate_argnums=donate).lower(*args, **kwargs)
-  t1 = time.perf_counter()
-  compiled = lowered.compile()
-  t2 = time.perf_counter()
+  # The default device: the GPU Pallas's Triton lowering targets, also inside compile() (deviceless.compile_for).
+  with jax.default_device(dev):
+    with jax.set_mesh(mesh), logical_axis_rules(config.logical_axis_rules):
+      lowered = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, static_argnums=static,
+                        donate_argnums=donate).lower(*args, **kwargs)
+    t1 = time.perf_counter()
+    compiled = lowered.compile()
+    t2 = time.perf_counter()
   return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, jax=jax.__version__,
               lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1), **deviceless.compiled_counts(compiled))
 

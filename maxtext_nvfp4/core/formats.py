@@ -256,8 +256,10 @@ def to_f32_exact(x):
 # ----------------------------------------------------------------------------------------------
 # Rounding
 # ----------------------------------------------------------------------------------------------
-def round_to_format(v, fmt: FloatFormat) -> jax.Array:
-  """RNE of fp32 ``v`` onto the grid of ``fmt``, saturating to ±max; fp32 result (formula: module docstring)."""
+def round_to_format(v, fmt: FloatFormat, *, rint=jnp.round) -> jax.Array:
+  """RNE of fp32 ``v`` onto the grid of ``fmt``, saturating to ±max; fp32 result (formula: module docstring).
+
+  ``rint``: round half to even of a non-negative fp32 (``jnp.round``; a Triton kernel passes its own form)."""
   v = jnp.asarray(v, jnp.float32)
   a = jnp.abs(v)
   e = ((bits(a) >> 23) & 0xFF).astype(jnp.int32) - 127
@@ -265,7 +267,7 @@ def round_to_format(v, fmt: FloatFormat) -> jax.Array:
   e = jnp.minimum(e, 127)
   # a * 2**-k instead of a / 2**k: both exact, but only the product is exact by contract on XLA:GPU
   # (its fp32 division is the approximate div.full; see div_rn).
-  r = jnp.minimum(jnp.round(a * pow2(fmt.mantissa_bits - e)) * pow2(e - fmt.mantissa_bits), np.float32(fmt.max))
+  r = jnp.minimum(rint(a * pow2(fmt.mantissa_bits - e)) * pow2(e - fmt.mantissa_bits), np.float32(fmt.max))
   return jnp.copysign(r, v)
 
 
@@ -319,20 +321,21 @@ def _piecewise(x, bounds, values):
   return out
 
 
-def grid_index(a, fmt: FloatFormat, u=None):
+def grid_index(a, fmt: FloatFormat, u=None, *, rint=jnp.round):
   """Code (as fp32) of ``a`` in ``[0, fmt.max]`` (or NaN) rounded onto the grid: RNE, or SR given ``u``.
 
   Per constant-step segment ``[lo, ...)`` with step ``s`` and first code ``c`` (``m = 1/s``,
   ``o = c - lo/s``, both exact):  RNE ``k = round_half_even(a * m) + o``;  SR ``k = floor(fl(a * m + u)) + o``
   with ``u`` in [0, 1). ``a * m`` is exact (a power of two), so RNE is :func:`round_to_format`'s rounding
   and ``fl(a * m + u) = fl(a + u * s) / s`` is the emulated ``cvt.rs`` formula ``floor((a + u*s) / s) * s``.
-  One compare per segment boundary; meant for formats with few segments (E2M1: three).
+  One compare per segment boundary; meant for formats with few segments (E2M1: three). ``rint``: as in
+  :func:`round_to_format`.
   """
   segs = _segments(fmt)
   bounds = [lo for lo, _, _ in segs[1:]]
   m = _piecewise(a, bounds, [1.0 / s for _, s, _ in segs])
   o = _piecewise(a, bounds, [c - lo / s for lo, s, c in segs])
-  k = jnp.round(a * m) if u is None else jnp.floor(a * m + u)
+  k = rint(a * m) if u is None else jnp.floor(a * m + u)
   return k + o
 
 

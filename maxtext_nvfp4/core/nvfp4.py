@@ -105,7 +105,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxtext_nvfp4.core import formats
+from maxtext_nvfp4.core import formats, nvfp4_triton
 from maxtext_nvfp4.core.formats import E2M1, E4M3, FLT_MAX, round_to_bf16, round_to_format
 from maxtext_nvfp4.core.formats import F32_ABS_MASK as _F32_ABS_MASK
 from maxtext_nvfp4.core.formats import F32_EXP_MASK as _F32_EXP_MASK
@@ -657,7 +657,7 @@ def _abs_times_enc_ieee(b, enc):
   return _from_bits(b & np.uint32(_F32_ABS_MASK)) * enc
 
 
-def _e2m1_code_of_product(xb, enc, u=None):
+def _e2m1_code_of_product(xb, enc, u=None, *, product=None, rint=jnp.round):
   """E2M1 code of ``q = e2m1(clip(fl(x * enc), -6, 6))``: (magnitude index k in 0..7 as fp32, sign).
 
   ``k`` is the index into ``formats.grid(E2M1)``; the sign is x's (zeros keep theirs, NaN gives +6 as
@@ -671,14 +671,18 @@ def _e2m1_code_of_product(xb, enc, u=None):
 
   SR there is TE's emulated ``cvt.rs`` formula ``floor((a + u * step) / step) * step``; the RNE form
   reproduces the threshold table (ties 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4).
+  ``product`` (x's bits, enc) -> ``fl(|x| * enc)`` and ``rint``: a Triton kernel's forms (default: per platform).
   """
   b = _bits(xb)
   # Where fp32 keeps subnormals (XLA:GPU) the plain product is the same fl(|x| * enc); the flush-to-zero
   # select cost the GPU a full-size pred array (XLA fused it into the block-amax reduce as a second output:
   # 1 B/element written and read back; H200 compile, 2026-12-01).
-  y = lax.platform_dependent(b, enc, cuda=_abs_times_enc_ieee, default=_abs_times_enc_flush_to_zero_safe)
+  if product is None:
+    y = lax.platform_dependent(b, enc, cuda=_abs_times_enc_ieee, default=_abs_times_enc_flush_to_zero_safe)
+  else:
+    y = product(b, enc)
   a = jnp.minimum(y, np.float32(E2M1_MAX))  # NaN stays NaN
-  k = formats.grid_index(a, E2M1, u)
+  k = formats.grid_index(a, E2M1, u, rint=rint)
   nan = jnp.isnan(a)
   k = jnp.where(nan, np.float32(7.0), k)
   neg = ((b >> 31) == 1) & ~nan
@@ -793,6 +797,52 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | N
 
 
 def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):
+  xla = lambda x, key=stochastic_key: _quantize_values_xla(x, key, axis_n, block_2d, rht, dtype, rule)  # noqa: E731
+  if nvfp4_triton.applies(x, axis_n, block_2d, rht, rule):
+    # XLA:GPU: one Pallas (Triton) kernel after the amax reduce, the same bits (nvfp4_triton's docstring).
+    return lax.platform_dependent(x, cuda=_unbatched_triton(xla, dtype, stochastic_key), default=xla)
+  return xla(x)
+
+
+def _unbatched_triton(xla, dtype, stochastic_key):
+  """The Triton form of ``quantize_values`` for an unbatched ``x``; under ``vmap`` (batched GEMMs, per-block
+  amaxes) the XLA form ``xla``, vmapped (the kernel takes one amax per call)."""
+  if stochastic_key is None:
+    fn = jax.custom_batching.custom_vmap(lambda x: _quantize_values_triton(x, dtype))
+
+    @fn.def_vmap
+    def _batched(axis_size, in_batched, x):  # pylint: disable=unused-variable
+      del axis_size
+      return jax.vmap(xla, in_axes=0 if in_batched[0] else None)(x), (True, True)
+    return fn
+
+  def with_key(x, key):
+    return _quantize_values_triton(x, dtype, key)
+
+  fn_k = jax.custom_batching.custom_vmap(with_key)
+
+  @fn_k.def_vmap
+  def _batched_k(axis_size, in_batched, x, key):  # pylint: disable=unused-variable
+    del axis_size
+    in_axes = (0 if in_batched[0] else None, 0 if in_batched[1] else None)
+    return jax.vmap(lambda x, k: _xla_with_key(xla, x, k), in_axes=in_axes)(x, key), (True, True)
+  return lambda x: fn_k(x, stochastic_key)
+
+
+def _quantize_values_triton(x, dtype, stochastic_key=None, **kw):
+  """:func:`nvfp4_triton.quantize_values_1x16` with this module's formulas (``kw``: its product / interpret)."""
+  formulas = nvfp4_triton.Formulas(
+      global_scales=_global_scales, mul_exact=_mul_exact, e4m3_parts=_e4m3_parts,
+      encode_from_e4m3_parts=_encode_from_e4m3_parts, e2m1_code=_e2m1_code_of_product,
+      plain_product=_abs_times_enc_ieee, hash32=_lowbias32, e4m3_max=E4M3_MAX)
+  return nvfp4_triton.quantize_values_1x16(x, dtype, stochastic_key, formulas=formulas, **kw)
+
+
+def _xla_with_key(xla, x, key):
+  return xla(x, key)
+
+
+def _quantize_values_xla(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):
   k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
   mag = formats.grid_value(k, E2M1)
   v = jnp.where(neg, -mag, mag) * s8

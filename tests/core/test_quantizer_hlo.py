@@ -136,10 +136,28 @@ def test_quantizer_passes_on_cpu(cpu_counts, case):
   assert c["operand_reads"] >= 1 and c["full_writes"] >= 1 and c["traffic_bytes_per_element"] > 2.0
 
 
-def _barrier_operand_types(fn):
+# The quantize_values calls that run as one Triton kernel on XLA:GPU (core/nvfp4_triton.py).
+_TRITON_CASES = ("v1d", "v1d_sr")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
+import deviceless  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def _cuda_lowering(fn, triton: bool):
   x = jax.ShapeDtypeStruct(SHAPE, jnp.bfloat16)
-  text = jax.jit(fn).trace(x, jax.random.key(0)).lower(lowering_platforms=("cuda",)).as_text()
+  traced = jax.jit(fn).trace(x, jax.random.key(0))
+  if triton:  # Pallas's Triton lowering reads the default device's kind: a compile-only H200 (no GPU needed)
+    reason = deviceless.unavailable_reason()
+    if reason:
+      pytest.skip(f"the Triton kernel's lowering needs a (compile-only) GPU device: {reason}")
+    with jax.default_device(deviceless.device()):
+      text = traced.lower(lowering_platforms=("cuda",)).as_text()
+  else:
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
   assert "stablehlo.while" not in text  # sanity: the GPU program (tests/core/test_numerics.py checks this too)
+  return text
+
+
+def _barrier_operand_types(text):
   return re.findall(r"stablehlo\.optimization_barrier .*?: (tensor<[^>]*>)", text)
 
 
@@ -150,10 +168,13 @@ def test_cuda_lowering_materializes_only_the_rht_output(case):
   reduction) and, on the RHT path, one on the bf16 RHT output (written once, read by the block amax and
   the element pass) and one on the per-group tiny flag (a pred, 1/16 of the data: keeps XLA:GPU from
   writing the tiny-group select out in fp32). No other full-size array is forced into memory, and none
-  in f32."""
-  types = _barrier_operand_types(qh.CASES[case][1])
+  in f32. The 1x16 operands of ``quantize_values`` along the last axis are one Triton kernel there instead:
+  no barrier at all, and the kernel's custom call in the program (and on no other path)."""
+  text = _cuda_lowering(qh.CASES[case][1], case in _TRITON_CASES)
+  assert ("__gpu$xla.gpu.triton" in text) == (case in _TRITON_CASES), case
+  types = _barrier_operand_types(text)
   full = [t for t in types if t.startswith(f"tensor<{SHAPE[0]}x{SHAPE[1]}x")]
-  assert len(types) == (3 if "rht" in case else 1), types
+  assert len(types) == (3 if "rht" in case else 0 if case in _TRITON_CASES else 1), types
   assert full == (["tensor<256x512xbf16>"] if "rht" in case else []), types
   if "rht" in case:
     assert f"tensor<{SHAPE[0] // 16}x1x{SHAPE[1]}xi1>" in types, types

@@ -1,0 +1,126 @@
+"""The Triton kernel of ``core/nvfp4_triton.py`` gives ``nvfp4.quantize_values``' bits, checked on a CPU.
+
+The kernel runs through Pallas's interpreter here (the same kernel body, as XLA:CPU ops), with the
+flush-to-zero-safe form of ``fl(|x| * enc)`` that XLA:CPU needs (on XLA:GPU it takes the plain product;
+``test_nvfp4_gpu_paths.py`` checks the two agree). Against ``quantize_values``' XLA form, bit for bit:
+values and amax, round to nearest and stochastic rounding, bf16 and fp32 operands with zeros, subnormals,
+NaN and Inf, every tile size (block counts that are not powers of two), operands sharded over a 2x2 mesh
+(each device's kernel takes its shard; the SR bits stay the global positions'), and under ``vmap`` (the XLA
+form, per slice). That XLA:GPU compiles it is ``test_quantizer_hlo.py``'s and the GPU byte pins' job.
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxtext_nvfp4.core import nvfp4 as nv
+from maxtext_nvfp4.core import nvfp4_triton as nt
+
+
+def _operand(rng, shape, dtype, specials=True):
+  """Rows across a wide exponent range (subnormal to near FLT_MAX), with zeros of both signs, subnormals,
+  ties of the E2M1 grid and (``specials``) a NaN or an Inf."""
+  x = rng.standard_normal(shape).astype(np.float32) * np.exp2(rng.integers(-140, 120, shape[:-1] + (1,)))
+  x = x.astype(np.float32)
+  flat = x.reshape(-1)
+  flat[:6] = [0.0, -0.0, 1e-40, -3e-45, 1.25, 3.5]
+  if specials:
+    flat[-1] = np.inf
+  return jnp.asarray(x, dtype)
+
+
+def _kernel_values(x, key=None):
+  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, k, interpret=True,  # noqa: E731
+                                               product=nv._abs_times_enc_flush_to_zero_safe)
+  return jax.jit(fn)(x, key)
+
+
+def _same(a, b):
+  a, b = np.asarray(a), np.asarray(b)
+  return a.shape == b.shape and np.array_equal(a.view(np.uint16 if a.dtype.itemsize == 2 else np.uint32),
+                                               b.view(np.uint16 if b.dtype.itemsize == 2 else np.uint32))
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (3, 5, 48), (40, 1040), (16,)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("sr", [False, True])
+def test_kernel_gives_quantize_values_bits(shape, dtype, sr):
+  x = _operand(np.random.default_rng(sum(shape)), shape, dtype, specials=shape != (16,))
+  key = jax.random.key(11) if sr else None
+  got_v, got_amax = _kernel_values(x, key)
+  want_v, want_amax = nv.quantize_values(x, stochastic_key=key)
+  assert _same(got_amax, want_amax)
+  assert _same(got_v, want_v)
+  assert len(np.unique(np.asarray(want_v, np.float32))) > 3  # not a degenerate operand
+
+
+def test_nan_operand_poisons_every_value_as_the_xla_form():
+  x = _operand(np.random.default_rng(5), (32, 64), jnp.bfloat16).at[3, 7].set(jnp.nan)
+  got_v, got_amax = _kernel_values(x)
+  want_v, want_amax = nv.quantize_values(x)
+  assert np.isnan(np.asarray(got_amax)) and np.isnan(np.asarray(want_amax))
+  assert _same(got_v, want_v) and np.all(np.isnan(np.asarray(got_v, np.float32)))
+
+
+def test_rint_nonnegative_is_round_half_even():
+  rng = np.random.default_rng(2)
+  halves = np.arange(0, 2**12, dtype=np.float32) / np.float32(2)
+  t = np.concatenate([halves, rng.uniform(0, 2**24, 20000).astype(np.float32), np.float32([2**24, 2**30 + 64])])
+  got = np.asarray(jax.jit(nt._rint_nonnegative)(jnp.asarray(t)))
+  assert np.array_equal(got, np.round(t).astype(np.float32))  # numpy rounds half to even
+
+
+@pytest.mark.parametrize("sr", [False, True])
+def test_vmap_takes_the_xla_form_per_slice(sr):
+  x = _operand(np.random.default_rng(3), (4, 32, 64), jnp.bfloat16, specials=False)
+  keys = jax.random.split(jax.random.key(4), 4) if sr else None
+  fn = jax.vmap(lambda a, k: nv.quantize_values(a, stochastic_key=k), in_axes=(0, 0 if sr else None))
+  got_v, got_amax = jax.jit(fn)(x, keys)
+  for i in range(4):
+    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=None if keys is None else keys[i])
+    assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax)
+
+
+_SHARDED = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from maxtext_nvfp4.core import nvfp4 as nv
+assert jax.device_count() == 4, jax.devices()
+mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((64, 512)) * np.exp2(rng.integers(-10, 10, (64, 1))), jnp.bfloat16)
+kernel = jax.jit(lambda x, k: nv._quantize_values_triton(
+    x, jnp.bfloat16, k, interpret=True, product=nv._abs_times_enc_flush_to_zero_safe))
+for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  for key in [None, jax.random.key(3)]:
+    got, amax = kernel(xs, key)
+    want, want_amax = nv.quantize_values(x, stochastic_key=key)
+    assert got.sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), (got.sharding.spec, spec)
+    assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), (spec, key)
+    assert np.asarray(amax) == np.asarray(want_amax)
+    assert "all-gather" not in kernel.lower(xs, key).compile().as_text(), spec
+print("ok")
+"""
+
+
+def test_sharded_operand_each_device_quantizes_its_shard_with_global_bits():
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+  out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=600,
+                       check=False)
+  assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_applies_only_where_the_kernel_computes_the_call():
+  x = jnp.zeros((32, 64), jnp.bfloat16)
+  assert nt.applies(x, 1, False, False, None)
+  assert not nt.applies(x, 0, False, False, None)  # block axis not last
+  assert not nt.applies(x, None, True, False, None)  # 16x16 tiles
+  assert not nt.applies(x, 1, False, True, None)  # RHT
+  assert not nt.applies(x, 1, False, False, nv.ScaleRule(row_scaled=True))  # another scale rule
