@@ -389,14 +389,15 @@ def _rht_exact(xb, g, tiny):
   return _rht_round_back(_rht16(xs, g), tiny)
 
 
-def _rht_round_back(y, tiny):
-  """The RHT sums ``y`` (tiny groups at 2**64 scale) rounded once to bf16 at their true size."""
+def _rht_round_back(y, tiny, rint=jnp.round):
+  """The RHT sums ``y`` (tiny groups at 2**64 scale) rounded once to bf16 at their true size (``rint``: round
+  half to even, a Triton kernel's own form)."""
   # Back to the true size with ONE bf16 rounding. Normal results: bf16 rounding commutes with the
   # power-of-two scale. Results below 2**-126: the bf16 subnormal grid is N * 2**-133 (fp32 bits N << 16),
   # i.e. N = RNE(|y'| * 2**(133 - 64)) in the scaled domain, composed from bits (no subnormal arithmetic).
   y_norm = round_to_bf16(y)
   y_norm = jnp.where(tiny, y_norm * np.float32(2.0**-_RHT_UP), y_norm)
-  n_sub = jnp.round(jnp.abs(y) * np.float32(2.0 ** (133 - _RHT_UP))).astype(jnp.uint32)
+  n_sub = rint(jnp.abs(y) * np.float32(2.0 ** (133 - _RHT_UP))).astype(jnp.uint32)
   y_sub = _from_bits((n_sub << 16) | (jnp.signbit(y).astype(jnp.uint32) << 31))
   is_sub = tiny & (jnp.abs(y) < np.float32(2.0 ** (-126 + _RHT_UP)))
   return jnp.where(is_sub, y_sub, y_norm)
@@ -798,17 +799,18 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | N
 
 def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):
   xla = lambda x, key=stochastic_key: _quantize_values_xla(x, key, axis_n, block_2d, rht, dtype, rule)  # noqa: E731
-  if nvfp4_triton.applies(x, axis_n, block_2d, rht, rule):
-    # XLA:GPU: one Pallas (Triton) kernel after the amax reduce, the same bits (nvfp4_triton's docstring).
-    return lax.platform_dependent(x, cuda=_unbatched_triton(xla, dtype, stochastic_key), default=xla)
+  layout = nvfp4_triton.layout_of(x, axis_n, block_2d, rht, rule)
+  if layout is not None:
+    # XLA:GPU: Pallas (Triton) kernels after the amax, the same bits (nvfp4_triton's docstring).
+    return lax.platform_dependent(x, cuda=_unbatched_triton(xla, dtype, layout, stochastic_key), default=xla)
   return xla(x)
 
 
-def _unbatched_triton(xla, dtype, stochastic_key):
+def _unbatched_triton(xla, dtype, layout, stochastic_key):
   """The Triton form of ``quantize_values`` for an unbatched ``x``; under ``vmap`` (batched GEMMs, per-block
-  amaxes) the XLA form ``xla``, vmapped (the kernel takes one amax per call)."""
+  amaxes) the XLA form ``xla``, vmapped (the kernels take one amax per call)."""
   if stochastic_key is None:
-    fn = jax.custom_batching.custom_vmap(lambda x: _quantize_values_triton(x, dtype))
+    fn = jax.custom_batching.custom_vmap(lambda x: _quantize_values_triton(x, dtype, layout))
 
     @fn.def_vmap
     def _batched(axis_size, in_batched, x):  # pylint: disable=unused-variable
@@ -817,7 +819,7 @@ def _unbatched_triton(xla, dtype, stochastic_key):
     return fn
 
   def with_key(x, key):
-    return _quantize_values_triton(x, dtype, key)
+    return _quantize_values_triton(x, dtype, layout, key)
 
   fn_k = jax.custom_batching.custom_vmap(with_key)
 
@@ -829,13 +831,16 @@ def _unbatched_triton(xla, dtype, stochastic_key):
   return lambda x: fn_k(x, stochastic_key)
 
 
-def _quantize_values_triton(x, dtype, stochastic_key=None, **kw):
-  """:func:`nvfp4_triton.quantize_values_1x16` with this module's formulas (``kw``: its product / interpret)."""
+def _quantize_values_triton(x, dtype, layout, stochastic_key=None, **kw):
+  """:func:`nvfp4_triton.quantize_values` with this module's formulas (``kw``: flush_to_zero_safe, interpret)."""
   formulas = nvfp4_triton.Formulas(
       global_scales=_global_scales, mul_exact=_mul_exact, e4m3_parts=_e4m3_parts,
       encode_from_e4m3_parts=_encode_from_e4m3_parts, e2m1_code=_e2m1_code_of_product,
-      plain_product=_abs_times_enc_ieee, hash32=_lowbias32, e4m3_max=E4M3_MAX)
-  return nvfp4_triton.quantize_values_1x16(x, dtype, stochastic_key, formulas=formulas, **kw)
+      plain_product=_abs_times_enc_ieee, safe_product=_abs_times_enc_flush_to_zero_safe,
+      rht_upscale_ieee=_rht_upscale_ieee, rht_upscale_safe=_rht_upscale_flush_to_zero_safe,
+      rht_round_back=_rht_round_back, rht_signs=RHT_SIGNS, rht_tiny=_RHT_TINY, hash32=_lowbias32,
+      e4m3_max=E4M3_MAX)
+  return nvfp4_triton.quantize_values(x, dtype, layout, stochastic_key, formulas=formulas, **kw)
 
 
 def _xla_with_key(xla, x, key):

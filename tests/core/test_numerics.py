@@ -733,7 +733,8 @@ def test_gpu_lowering_of_the_quantizer_has_no_loop():
   x = jnp.ones((64, 128), jnp.bfloat16)
   key = jax.random.key(0)
   fns = {
-      "rht+sr values": lambda x, k: nv._quantize_values_impl(x, k, 0, False, True, jnp.bfloat16),
+      # the XLA form (on XLA:GPU a Triton kernel takes unbatched calls: tests/core/test_quantizer_hlo.py)
+      "rht+sr values": lambda x, k: nv._quantize_values_xla(x, k, 0, False, True, jnp.bfloat16),
       "1d sr": lambda x, k: nv._quantize_impl(x, k, 1, False, False),
       "2d": lambda x, k: nv._quantize_impl(x, None, None, True, False),
   }

@@ -35,8 +35,8 @@ def _operand(rng, shape, dtype, specials=True):
 
 
 def _kernel_values(x, key=None):
-  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, k, interpret=True,  # noqa: E731
-                                               product=nv._abs_times_enc_flush_to_zero_safe)
+  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, nt.ROWS, k, interpret=True,  # noqa: E731
+                                               flush_to_zero_safe=True)
   return jax.jit(fn)(x, key)
 
 
@@ -59,6 +59,43 @@ def test_kernel_gives_quantize_values_bits(shape, dtype, sr):
   assert len(np.unique(np.asarray(want_v, np.float32))) > 3  # not a degenerate operand
 
 
+def _wgrad_operand(rng, shape, dtype):
+  """Column groups of 16 rows across a wide exponent range, each within a few binades (their 16-term RHT
+  sums are exact in fp32, so the sum order does not matter), some groups below 2**-60 (the RHT's tiny-group
+  path; subnormals too), zeros, and an Inf."""
+  t, n = shape
+  scale = np.exp2(rng.integers(-150, 100, (t // 16, 1, n))).astype(np.float32)
+  x = (rng.integers(-64, 65, (t // 16, 16, n)).astype(np.float32) / np.float32(64) * scale).reshape(t, n)
+  x[:16, 0] = np.float32(3e-45) * rng.integers(-3, 4, 16)  # a subnormal group
+  x[16:32, 1] = 0.0
+  if n >= 96:
+    x[-1, -1] = np.inf  # every value then +-0 or +-2688 (not for the degeneracy check below)
+  return jnp.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (32, 4), (48, 160)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("sr", [False, True])
+def test_rht_kernel_gives_quantize_values_bits(shape, dtype, sr):
+  x = _wgrad_operand(np.random.default_rng(sum(shape)), shape, dtype)
+  key = jax.random.key(12) if sr else None
+  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, nt.COLS_RHT, k, interpret=True,  # noqa: E731
+                                               flush_to_zero_safe=True)
+  got_v, got_amax = jax.jit(fn)(x, key)
+  want_v, want_amax = nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)
+  assert _same(got_amax, want_amax)
+  assert _same(got_v, want_v)
+  assert len(np.unique(np.asarray(want_v, np.float32))) > (1 if shape[1] >= 96 else 3)
+
+
+def test_rht_matrix_from_iotas_is_tes():
+  f = nv._quantize_values_triton.__globals__["nvfp4_triton"]  # the module nvfp4 hands its formulas to
+  formulas = nt.Formulas(**{k.name: None for k in __import__("dataclasses").fields(nt.Formulas)} |
+                         {"rht_signs": nv.RHT_SIGNS})
+  m = np.asarray(jax.jit(lambda: f._rht_matrix(formulas))()).reshape(16, 16)
+  assert np.array_equal(m, np.asarray(nv.rht_matrix()))
+
+
 def test_nan_operand_poisons_every_value_as_the_xla_form():
   x = _operand(np.random.default_rng(5), (32, 64), jnp.bfloat16).at[3, 7].set(jnp.nan)
   got_v, got_amax = _kernel_values(x)
@@ -76,26 +113,28 @@ def test_rint_nonnegative_is_round_half_even():
 
 
 @pytest.mark.parametrize("sr", [False, True])
-def test_vmap_takes_the_xla_form_per_slice(sr):
+@pytest.mark.parametrize("rht", [False, True])
+def test_vmap_takes_the_xla_form_per_slice(sr, rht):
   x = _operand(np.random.default_rng(3), (4, 32, 64), jnp.bfloat16, specials=False)
   keys = jax.random.split(jax.random.key(4), 4) if sr else None
-  fn = jax.vmap(lambda a, k: nv.quantize_values(a, stochastic_key=k), in_axes=(0, 0 if sr else None))
+  kw = dict(axis=0, rht=True) if rht else {}
+  fn = jax.vmap(lambda a, k: nv.quantize_values(a, stochastic_key=k, **kw), in_axes=(0, 0 if sr else None))
   got_v, got_amax = jax.jit(fn)(x, keys)
   for i in range(4):
-    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=None if keys is None else keys[i])
+    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=None if keys is None else keys[i], **kw)
     assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax)
 
 
 _SHARDED = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from maxtext_nvfp4.core import nvfp4 as nv
+from maxtext_nvfp4.core import nvfp4 as nv, nvfp4_triton as nt
 assert jax.device_count() == 4, jax.devices()
 mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((64, 512)) * np.exp2(rng.integers(-10, 10, (64, 1))), jnp.bfloat16)
 kernel = jax.jit(lambda x, k: nv._quantize_values_triton(
-    x, jnp.bfloat16, k, interpret=True, product=nv._abs_times_enc_flush_to_zero_safe))
+    x, jnp.bfloat16, nt.ROWS, k, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   for key in [None, jax.random.key(3)]:
@@ -105,6 +144,16 @@ for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), (spec, key)
     assert np.asarray(amax) == np.asarray(want_amax)
     assert "all-gather" not in kernel.lower(xs, key).compile().as_text(), spec
+rht = jax.jit(lambda x, k: nv._quantize_values_triton(
+    x, jnp.bfloat16, nt.COLS_RHT, k, interpret=True, flush_to_zero_safe=True))
+for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  for key in [None, jax.random.key(5)]:
+    got, amax = rht(xs, key)
+    want, want_amax = nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)
+    assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), ("rht", spec, key)
+    assert np.asarray(amax) == np.asarray(want_amax), ("rht", spec)
+    assert "all-gather" not in rht.lower(xs, key).compile().as_text(), ("rht", spec)
 print("ok")
 """
 
@@ -117,10 +166,12 @@ def test_sharded_operand_each_device_quantizes_its_shard_with_global_bits():
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
-def test_applies_only_where_the_kernel_computes_the_call():
+def test_layout_only_where_a_kernel_computes_the_call():
   x = jnp.zeros((32, 64), jnp.bfloat16)
-  assert nt.applies(x, 1, False, False, None)
-  assert not nt.applies(x, 0, False, False, None)  # block axis not last
-  assert not nt.applies(x, None, True, False, None)  # 16x16 tiles
-  assert not nt.applies(x, 1, False, True, None)  # RHT
-  assert not nt.applies(x, 1, False, False, nv.ScaleRule(row_scaled=True))  # another scale rule
+  assert nt.layout_of(x, 1, False, False, None) == nt.ROWS
+  assert nt.layout_of(x, 0, False, True, None) == nt.COLS_RHT
+  assert nt.layout_of(x, 0, False, False, None) is None  # block axis not last, no RHT
+  assert nt.layout_of(x, 1, False, True, None) is None  # RHT along the last axis
+  assert nt.layout_of(jnp.zeros((32, 6), jnp.bfloat16), 0, False, True, None) is None  # columns not 4k
+  assert nt.layout_of(x, None, True, False, None) is None  # 16x16 tiles
+  assert nt.layout_of(x, 1, False, False, nv.ScaleRule(row_scaled=True)) is None  # another scale rule

@@ -137,7 +137,7 @@ def test_quantizer_passes_on_cpu(cpu_counts, case):
 
 
 # The quantize_values calls that run as one Triton kernel on XLA:GPU (core/nvfp4_triton.py).
-_TRITON_CASES = ("v1d", "v1d_sr")
+_TRITON_CASES = ("v1d", "v1d_sr", "v0_rht_sr")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -168,13 +168,17 @@ def test_cuda_lowering_materializes_only_the_rht_output(case):
   reduction) and, on the RHT path, one on the bf16 RHT output (written once, read by the block amax and
   the element pass) and one on the per-group tiny flag (a pred, 1/16 of the data: keeps XLA:GPU from
   writing the tiny-group select out in fp32). No other full-size array is forced into memory, and none
-  in f32. The 1x16 operands of ``quantize_values`` along the last axis are one Triton kernel there instead:
-  no barrier at all, and the kernel's custom call in the program (and on no other path)."""
+  in f32. The operands of ``quantize_values`` that Triton kernels quantize there (1x16 along the last axis;
+  RHT along axis 0) have no barrier at all, and the kernels' custom calls are in the program (and on no
+  other path)."""
   text = _cuda_lowering(qh.CASES[case][1], case in _TRITON_CASES)
   assert ("__gpu$xla.gpu.triton" in text) == (case in _TRITON_CASES), case
   types = _barrier_operand_types(text)
   full = [t for t in types if t.startswith(f"tensor<{SHAPE[0]}x{SHAPE[1]}x")]
-  assert len(types) == (3 if "rht" in case else 0 if case in _TRITON_CASES else 1), types
+  if case in _TRITON_CASES:
+    assert types == [], types
+    return
+  assert len(types) == (3 if "rht" in case else 1), types
   assert full == (["tensor<256x512xbf16>"] if "rht" in case else []), types
   if "rht" in case:
     assert f"tensor<{SHAPE[0] // 16}x1x{SHAPE[1]}xi1>" in types, types
