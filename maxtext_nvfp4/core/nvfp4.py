@@ -786,6 +786,21 @@ def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | 
 
 def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | None = None):
   """The traced body of :func:`quantize` (arguments already validated; ``axis_n`` non-negative)."""
+  xla = lambda x: _quantize_xla(x, stochastic_key, axis_n, block_2d, rht, rule)  # noqa: E731
+  if stochastic_key is None and nvfp4_triton.codes_layout_of(x, axis_n, block_2d, rht, rule) is not None:
+    # XLA:GPU: the RHT x operand of wgrad as Triton kernels, the same bits (nvfp4_triton's docstring).
+    triton = jax.custom_batching.custom_vmap(_quantize_triton)
+
+    @triton.def_vmap
+    def _batched(axis_size, in_batched, x):  # pylint: disable=unused-variable
+      del axis_size
+      out = jax.vmap(xla, in_axes=0 if in_batched[0] else None)(x)
+      return out, jax.tree_util.tree_map(lambda _: True, out)
+    return lax.platform_dependent(x, cuda=triton, default=xla)
+  return xla(x)
+
+
+def _quantize_xla(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | None = None):
   k, neg, s8, amax, red = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
   codes = (k.astype(jnp.uint8) | (neg.astype(jnp.uint8) << 3)).reshape(x.shape)
   data = _codes_to_e2m1(codes)
@@ -831,16 +846,27 @@ def _unbatched_triton(xla, dtype, layout, stochastic_key):
   return lambda x: fn_k(x, stochastic_key)
 
 
-def _quantize_values_triton(x, dtype, layout, stochastic_key=None, **kw):
-  """:func:`nvfp4_triton.quantize_values` with this module's formulas (``kw``: flush_to_zero_safe, interpret)."""
-  formulas = nvfp4_triton.Formulas(
+def _triton_formulas():
+  return nvfp4_triton.Formulas(
       global_scales=_global_scales, mul_exact=_mul_exact, e4m3_parts=_e4m3_parts,
       encode_from_e4m3_parts=_encode_from_e4m3_parts, e2m1_code=_e2m1_code_of_product,
       plain_product=_abs_times_enc_ieee, safe_product=_abs_times_enc_flush_to_zero_safe,
       rht_upscale_ieee=_rht_upscale_ieee, rht_upscale_safe=_rht_upscale_flush_to_zero_safe,
       rht_round_back=_rht_round_back, rht_signs=RHT_SIGNS, rht_tiny=_RHT_TINY, hash32=_lowbias32,
-      e4m3_max=E4M3_MAX)
-  return nvfp4_triton.quantize_values(x, dtype, layout, stochastic_key, formulas=formulas, **kw)
+      e4m3_max=E4M3_MAX, e4m3_code=_e4m3_code)
+
+
+def _quantize_values_triton(x, dtype, layout, stochastic_key=None, **kw):
+  """:func:`nvfp4_triton.quantize_values` with this module's formulas (``kw``: flush_to_zero_safe, interpret)."""
+  return nvfp4_triton.quantize_values(x, dtype, layout, stochastic_key, formulas=_triton_formulas(), **kw)
+
+
+def _quantize_triton(x, **kw):
+  """:func:`quantize`'s NVFP4Tensor from :func:`nvfp4_triton.quantize_codes` (``kw``: as above)."""
+  packed, scale_bytes, amax = nvfp4_triton.quantize_codes(x, formulas=_triton_formulas(), **kw)
+  data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)
+  scale = lax.bitcast_convert_type(scale_bytes, jnp.float8_e4m3fn)
+  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=0, block_2d=False, rht=True, e4m3_bound=E4M3_MAX)
 
 
 def _xla_with_key(xla, x, key):

@@ -1,33 +1,39 @@
-"""The 1x16 GEMM operand's quantizer as one Pallas (Triton) kernel on XLA:GPU: the bits of
-:func:`maxtext_nvfp4.core.nvfp4.quantize_values`, in two passes over the operand instead of four.
+"""GEMM operands of :func:`maxtext_nvfp4.core.nvfp4.quantize_values` as Pallas (Triton) kernels on XLA:GPU:
+the same bits, in two passes over the operand instead of four or more.
 
 XLA cannot fuse a reduction into its consumer, so its form of the quantizer writes the block maxima, reads
 them back for the tensor amax and for a block-level kernel, which writes ``s8`` and ``enc`` for the element
-pass to read (8.00 B/element for a bf16 operand, H200 compile, 2026-12-01). Here::
+pass to read (8.00 B/element for a bf16 operand; the RHT operand also writes and reads the transform: 14.13;
+H200 compile, 2026-12-01/03). Here, for a tile of whole 16-element blocks, in registers::
 
-    pass 1 (XLA reduce):  amax = max |x|                                  reads x once        (2 B/el)
-    scalars (XLA):        S_enc, S_dec = nvfp4._global_scales(amax);  c = fl(S_enc * fl(1/6))
-    pass 2 (this kernel), per tile of (rows, blocks, 16), in registers:
-        bamax = max |x| over the 16                                       reads x once        (2 B/el)
-        s8    = rnd(min(fl(bamax * c), 448), E4M3)
-        enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)                      from integers, per block
-        k     = E2M1 code of fl(|x| * enc)  (RNE);  v = ±grid(k) * s8     writes v            (2 B/el)
+    pass 1:   amax = max |x|  (XLA reduce; ROWS)  or  max |RHT(x)|  (a kernel: per-tile maxima; COLS_RHT)
+    scalars:  S_enc, S_dec = nvfp4._global_scales(amax);  c = fl(S_enc * fl(1/6))          (XLA, scalars)
+    pass 2:   [y = RHT(x) as nvfp4._rht_exact: tiny groups at 2**64, one bf16 rounding]    (COLS_RHT)
+              bamax = max |y| over the 16
+              s8    = rnd(min(fl(bamax * c), 448), E4M3)
+              enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)          per block, from integers
+              k     = E2M1 code of fl(|y| * enc) (RNE, or SR with nvfp4._random_bytes' byte of the element)
+              v     = ±grid(k) * s8                                 written once (bf16)
 
-Every formula is ``nvfp4``'s own helper, called on the tile: the block scale and the element code are the
-same operations, so the same bits. Two differences of form, both exact: the encode scale is computed per
-block (``nvfp4._encode_from_e4m3_parts``, the row-scaled path's) instead of looked up in the 127-entry table
-(Triton has no gather; the table is that same function of each E4M3 value), and round-half-even is
-:func:`_rint_nonnegative` (Triton has no ``round``). ``fl(|x| * enc)`` is the plain product, as on XLA:GPU
-(``xla_gpu_ftz`` off): on a flush-to-zero backend (interpret mode on a CPU, the tests) the caller passes
-``nvfp4``'s flush-to-zero-safe product instead (``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
+Layouts (:func:`layout_of`): :data:`ROWS` -- 1x16 blocks along the last axis (x for fprop, dy for dgrad);
+:data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with RHT (dy for wgrad). TE's standard rule only;
+every other call stays on the XLA form.
 
-Scope: TE's standard rule, round to nearest, no RHT, the block axis last (the fprop operands x and, 1x16,
-W's rowwise copy); everything else stays on the XLA form. Sharded operands: ``custom_partitioning`` runs
-the kernel on each device's shard (its blocks are whole: the 16 axis is never split) with the replicated
-scalars, so the amax is the caller's (``AmaxGroups`` or the global one), not the shard's.
+Every formula is ``nvfp4``'s own helper (:class:`Formulas`, handed in by ``nvfp4``), called on the tile, so
+the same operations give the same bits. Differences of form, each exact: the encode scale per block
+(``nvfp4._encode_from_e4m3_parts``, the row-scaled path's) instead of a lookup in the 127-entry table (Triton
+has no gather; the table is the same function of each E4M3 value); round half to even as
+:func:`_rint_nonnegative` (Triton has no ``round``); the RHT matrix from iotas (a kernel captures no array
+constant). The RHT's 16-term fp32 sums run in Triton's order: bit-exact wherever they do not depend on the
+order (nvfp4's RHT contract). ``fl(|x| * enc)`` and the tiny-group upscale are the plain IEEE forms, as on
+XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interpreter on a CPU: the tests) the
+exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
 
-Pallas's Triton backend is deprecated in jax 0.12 (in favour of Mosaic GPU); it still lowers and compiles,
-on a GPU and deviceless for one.
+Sharded operands: ``custom_partitioning`` runs the kernels on each device's shard (blocks stay whole: the
+16 axis is never split) with the replicated scalars, so the amax is the whole operand's; SR positions are
+the global ones (the shard's first row and column from the mesh axis indices). Under ``vmap`` and for an
+explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's Triton backend is deprecated in jax 0.12
+(in favour of Mosaic GPU); it still lowers and compiles, on a GPU and deviceless for one. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -48,7 +54,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core.formats import E2M1, E4M3
 
-__all__ = ["COLS_RHT", "Formulas", "ROWS", "layout_of", "quantize_values"]
+__all__ = ["COLS_RHT", "Formulas", "ROWS", "codes_layout_of", "layout_of", "quantize_codes", "quantize_values"]
 
 _BLOCK = 16
 # Tile: up to 16 rows x 64 blocks (16K elements, 32 KiB of bf16 in, 32 KiB out): powers of two that divide
@@ -104,28 +110,38 @@ def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int):
   return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
 
 
-def _rht_matrix(f: "Formulas"):
-  """TE's ``diag(s) H16 / 4`` as a (1, 16, 16, 1) array from iotas (a kernel cannot capture an array
-  constant): ``m[r, c] = s_r * (-1)**popcount(r & c) / 4``, exactly ``nvfp4.rht_matrix()``."""
-  r = lax.broadcasted_iota(jnp.int32, (1, _BLOCK, _BLOCK, 1), 1)
-  c = lax.broadcasted_iota(jnp.int32, (1, _BLOCK, _BLOCK, 1), 2)
+def _rht_matrix(f: "Formulas", trailing: int = 1):
+  """TE's ``diag(s) H16 / 4`` as a (1, 16, 16, 1, ...) array (``trailing`` unit dims) from iotas (a kernel
+  cannot capture an array constant): ``m[r, c] = s_r * (-1)**popcount(r & c) / 4``, exactly
+  ``nvfp4.rht_matrix()``."""
+  shape = (1, _BLOCK, _BLOCK) + (1,) * trailing
+  r = lax.broadcasted_iota(jnp.int32, shape, 1)
+  c = lax.broadcasted_iota(jnp.int32, shape, 2)
   neg_rows = sum(1 << i for i, sgn in enumerate(f.rht_signs) if sgn < 0)
   odd = (lax.population_count(r & c) & 1) ^ ((neg_rows >> r) & 1)
   return jnp.where(odd == 1, np.float32(-0.25), np.float32(0.25))
 
 
 def _rht_tile(f: "Formulas", xf, safe: bool):
-  """``nvfp4._rht_exact`` of a (groups, 16, cols) fp32 tile: tiny groups (max |x| < 2**-60) at 2**64 scale,
+  """``nvfp4._rht_exact`` of a (groups, 16, cols...) fp32 tile: tiny groups (max |x| < 2**-60) at 2**64 scale,
   the 16-term sums, one bf16 rounding back at the true size (fp32 values on the bf16 grid)."""
   gmax = jnp.max((formats.bits(xf) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32), axis=1, keepdims=True)
   tiny = gmax < int(np.float32(f.rht_tiny).view(np.int32))
   xs = (f.rht_upscale_safe if safe else f.rht_upscale_ieee)(xf, tiny)
-  y = jnp.sum(jnp.expand_dims(xs, 2) * _rht_matrix(f), axis=1)
+  y = jnp.sum(jnp.expand_dims(xs, 2) * _rht_matrix(f, xf.ndim - 2), axis=1)
   return f.rht_round_back(y, tiny, rint=_rint_nonnegative)
 
 
 def _quantize_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   """The values ``±grid(k) * s8`` of a tile whose blocks lie along ``axis`` (fp32, on x's grid)."""
+  k, neg, s8 = _codes_tile(f, xf, axis, c, s_dec, u, safe)
+  mag = formats.grid_value(k, E2M1)
+  return jnp.where(neg, -mag, mag) * s8
+
+
+def _codes_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
+  """(k, neg, s8): E2M1 magnitude indices (fp32), signs and block scales (fp32, the block dims kept) of a tile
+  whose blocks lie along ``axis``."""
   b = formats.bits(xf)
   bamax = formats.from_bits(jnp.max((b & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32), axis=axis,
                                     keepdims=True))
@@ -136,8 +152,7 @@ def _quantize_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   enc = jnp.where(jnp.isnan(s8), s8, f.encode_from_e4m3_parts(k8, j8, s_dec))
   product = f.safe_product if safe else f.plain_product
   k, neg = f.e2m1_code(xf, enc, u, product=product, rint=_rint_nonnegative)
-  mag = formats.grid_value(k, E2M1)
-  return jnp.where(neg, -mag, mag) * s8
+  return k, neg, s8
 
 
 def _values_kernel(s_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int):
@@ -148,6 +163,19 @@ def _values_kernel(s_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total
   u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total)
   v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], s_ref[0], s_ref[1], u, safe)
   v_ref[...] = v.astype(v_ref.dtype)
+
+
+def _codes_kernel(s_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
+  """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
+  codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
+  scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+  xf = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
+  k, neg, s8 = _codes_tile(f, xf, 1, s_ref[0], s_ref[1], None, safe)
+  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
+  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, 3) * 4
+  d_ref[...] = jnp.sum(codes << nibble, axis=3).astype(jnp.uint8)
+  # E4M3's bit pattern of a non-negative grid value is its grid code; NaN: 0x7F (what a float8 cast gives)
+  e_ref[...] = jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
 
 
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
@@ -197,6 +225,54 @@ def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
       interpret=interpret,
       name="nvfp4_rht_amax",
   )(x3)
+
+
+def _codes_call(scalars, x4, *, f, safe: bool, interpret: bool):
+  """(packed codes (groups, 16, pairs) uint8, scale bytes (groups, 1, pairs, 2) uint8) of x4 (groups, 16,
+  pairs, 2)."""
+  g, _, pairs, _ = x4.shape
+  tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
+  index = lambda i, j: (i, 0, j, 0)  # noqa: E731
+  return pl.pallas_call(
+      functools.partial(_codes_kernel, f=f, safe=safe),
+      out_shape=(jax.ShapeDtypeStruct((g, _BLOCK, pairs), jnp.uint8),
+                 jax.ShapeDtypeStruct((g, 1, pairs, 2), jnp.uint8)),
+      grid=(g, pairs // tp),
+      in_specs=[pl.BlockSpec(scalars.shape, lambda i, j: (0,)), pl.BlockSpec((1, _BLOCK, tp, 2), index)],
+      out_specs=(pl.BlockSpec((1, _BLOCK, tp), lambda i, j: (i, 0, j)), pl.BlockSpec((1, 1, tp, 2), index)),
+      interpret=interpret,
+      name="nvfp4_codes_cols_rht",
+  )(scalars, x4)
+
+
+def _partitioned_codes(f, safe: bool, interpret: bool):
+  """``_codes_call`` under ``custom_partitioning``: each device encodes its own shard (groups and column
+  pairs; the 16 rows of a group and the 2 columns of a pair stay together)."""
+
+  def run(scalars, x4):
+    return _codes_call(scalars, x4, f=f, safe=safe, interpret=interpret)
+
+  call = custom_partitioning(run)
+
+  def specs(x_spec):
+    x_spec = tuple(x_spec) + (None,) * (4 - len(tuple(x_spec)))
+    g, h = x_spec[0], x_spec[2]
+    return PartitionSpec(g, None, h, None), PartitionSpec(g, None, h), PartitionSpec(g, None, h, None)
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    _, d, e = specs(arg_shapes[1].sharding.spec)
+    return NamedSharding(mesh, d), NamedSharding(mesh, e)
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    x, d, e = specs(arg_shapes[1].sharding.spec)
+    return (mesh, run, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
+            (NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, x)))
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="s, g e h p -> g e h, g o h p", need_replication_factors=("s", "e", "p"))
+  return call
 
 
 def _shard_start(mesh, axes, local: int):
@@ -293,6 +369,12 @@ def layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
   return None
 
 
+def codes_layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
+  """The kernel layout that computes this ``quantize`` call (TE's byte layout), or None (the XLA form): RHT
+  along axis 0 of a 2D operand with an even number of columns that is a multiple of 4 (:data:`COLS_RHT`)."""
+  return COLS_RHT if layout_of(x, axis_n, block_2d, rht, rule) == COLS_RHT and x.shape[1] % 2 == 0 else None
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Formulas:
   """``nvfp4``'s own helpers, handed in by ``nvfp4`` (it imports this module, so this one cannot import it):
@@ -323,6 +405,8 @@ class Formulas:
   hash32: Callable
   # E4M3's largest value (448)
   e4m3_max: float
+  # s8 -> its index in the E4M3 grid (the bit pattern of a non-negative E4M3 value)
+  e4m3_code: Callable
 
 
 def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas,
@@ -350,3 +434,18 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   seeds = jax.random.bits(stochastic_key, (2,), jnp.uint32) if sr else jnp.zeros((2,), jnp.uint32)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, sr, x.shape[-1])
   return call(scalars, seeds, x3).reshape(x.shape), amax
+
+
+def quantize_codes(x, *, formulas: Formulas, flush_to_zero_safe: bool = False, interpret: bool = False):
+  """``(packed, scale_bytes, amax)`` of ``nvfp4.quantize(x, axis=0, rht=True)`` for a :func:`codes_layout_of`
+  operand x (T, N): the E2M1 codes two per byte along N (T, N/2) uint8, the E4M3 scales' bytes (T/16, N)
+  uint8, the post-RHT amax. ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
+  f = formulas
+  x3 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1])
+  amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3)))
+  s_enc, s_dec = f.global_scales(amax)
+  c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
+  scalars = jnp.stack([c, jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)])
+  x4 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1] // 2, 2)
+  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(scalars, x4)
+  return packed.reshape(x.shape[0], x.shape[1] // 2), scale_bytes.reshape(x.shape[0] // _BLOCK, x.shape[1]), amax

@@ -44,11 +44,12 @@ pytestmark = [
 # Measured 2026-12-01 (jax 0.12.0.1). Before that change (b5b82f2): q1d 8.31, q2d 9.11, qrht 24.50,
 # v1d 10.25, v1d_sr 12.25, v0_rht_sr 28.44 B/element. Until 2026-12-03 v1d and v1d_sr 8.00, v0_rht_sr 14.13;
 # since then the Triton kernels (core/nvfp4_triton.py): v1d and v1d_sr 6.00, i.e. x read twice (amax,
-# kernel) and the values written once; v0_rht_sr 6.50 (the same, plus the RHT amax kernel's per-group maxima).
+# kernel) and the values written once; v0_rht_sr 6.50 (the same, plus the RHT amax kernel's per-group maxima);
+# qrht (until then 12.44) 5.06: x read twice, the packed codes (0.5) and scale bytes written once.
 _QUANTIZER_BOUNDS = {
     "q1d": (6.35, 1, 9),
     "q2d": (5.10, 1, 2),
-    "qrht": (12.50, 2, 73),
+    "qrht": (5.07, 1, 0),
     "v1d": (6.01, 1, 0),
     "v1d_sr": (6.01, 1, 0),
     "v0_rht_sr": (6.51, 1, 0),
@@ -83,9 +84,9 @@ def test_quantizer_bytes_on_h200(case):
 # The SwiGLU MLP fwd+bwd at T=8192 D=4096 F=14336 (mlp_bench's H200 shape), nvfp4 full recipe vs bf16:
 # (max extra non-GEMM GiB over bf16, max compiled total MiB). Measured 2026-12-01; before this change
 # (b5b82f2): +13.97 GiB, 2805 MiB (bf16: 2.19 GiB non-GEMM, 1600 MiB).
-# measured 9.13 (11.31 - 2.19); 6.37 (8.56 - 2.19) with the Triton kernels (2026-12-03)
-_MLP_EXTRA_OTHER_GIB = 6.45
-_MLP_TOTAL_MIB = 2345  # measured 2336 (bf16: 1600)
+# measured 9.13 (11.31 - 2.19); 5.38 (7.57 - 2.19) with the Triton kernels (2026-12-03)
+_MLP_EXTRA_OTHER_GIB = 5.45
+_MLP_TOTAL_MIB = 2280  # measured 2336 (bf16: 1600); 2272 with the Triton kernels
 
 
 def test_mlp_fwdbwd_bytes_and_memory_on_h200():

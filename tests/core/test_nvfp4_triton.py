@@ -88,6 +88,26 @@ def test_rht_kernel_gives_quantize_values_bits(shape, dtype, sr):
   assert len(np.unique(np.asarray(want_v, np.float32))) > (1 if shape[1] >= 96 else 3)
 
 
+def _same_tensor(got, want):
+  """NVFP4Tensor bits: data and scale as their bytes, amax as fp32 bits, and the static fields."""
+  as_bytes = lambda a: np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8) if a.dtype.itemsize == 1  # noqa: E731
+                                  else a)
+  return (got.data.dtype == want.data.dtype and got.scale.dtype == want.scale.dtype
+          and (got.axis, got.block_2d, got.rht, got.e4m3_bound) == (want.axis, want.block_2d, want.rht, want.e4m3_bound)
+          and np.array_equal(np.asarray(nv.pack(got.data)), np.asarray(nv.pack(want.data)))
+          and np.array_equal(as_bytes(got.scale), as_bytes(want.scale)) and _same(got.amax, want.amax))
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (32, 4), (48, 160)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_rht_codes_kernel_gives_quantize_bits(shape, dtype):
+  x = _wgrad_operand(np.random.default_rng(sum(shape) + 1), shape, dtype)
+  got = jax.jit(lambda x: nv._quantize_triton(x, interpret=True, flush_to_zero_safe=True))(x)
+  want = nv.quantize(x, axis=0, rht=True)
+  assert _same_tensor(got, want)
+  assert len(np.unique(np.asarray(want.scale, np.float32))) > 1
+
+
 def test_rht_matrix_from_iotas_is_tes():
   f = nv._quantize_values_triton.__globals__["nvfp4_triton"]  # the module nvfp4 hands its formulas to
   formulas = nt.Formulas(**{k.name: None for k in __import__("dataclasses").fields(nt.Formulas)} |
@@ -154,6 +174,14 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), ("rht", spec, key)
     assert np.asarray(amax) == np.asarray(want_amax), ("rht", spec)
     assert "all-gather" not in rht.lower(xs, key).compile().as_text(), ("rht", spec)
+codes = jax.jit(lambda x: nv._quantize_triton(x, interpret=True, flush_to_zero_safe=True))
+for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  got, want = codes(xs), nv.quantize(x, axis=0, rht=True)
+  assert np.array_equal(np.asarray(nv.pack(got.data)), np.asarray(nv.pack(want.data))), ("codes", spec)
+  assert np.array_equal(np.asarray(got.scale, np.float32), np.asarray(want.scale, np.float32)), ("codes", spec)
+  assert np.asarray(got.amax) == np.asarray(want.amax), ("codes", spec)
+  assert "all-gather" not in codes.lower(xs).compile().as_text(), ("codes", spec)
 print("ok")
 """
 
@@ -166,6 +194,16 @@ def test_sharded_operand_each_device_quantizes_its_shard_with_global_bits():
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_vmapped_rht_quantize_takes_the_xla_form_per_slice():
+  x = _operand(np.random.default_rng(6), (3, 32, 64), jnp.bfloat16, specials=False)
+  got = jax.jit(jax.vmap(lambda a: nv.quantize(a, axis=0, rht=True)))(x)
+  for i in range(3):
+    want = nv.quantize(x[i], axis=0, rht=True)
+    assert np.array_equal(np.asarray(got.data[i], np.float32), np.asarray(want.data, np.float32))
+    assert np.array_equal(np.asarray(got.scale[i], np.float32), np.asarray(want.scale, np.float32))
+    assert _same(got.amax[i], want.amax)
+
+
 def test_layout_only_where_a_kernel_computes_the_call():
   x = jnp.zeros((32, 64), jnp.bfloat16)
   assert nt.layout_of(x, 1, False, False, None) == nt.ROWS
@@ -175,3 +213,5 @@ def test_layout_only_where_a_kernel_computes_the_call():
   assert nt.layout_of(jnp.zeros((32, 6), jnp.bfloat16), 0, False, True, None) is None  # columns not 4k
   assert nt.layout_of(x, None, True, False, None) is None  # 16x16 tiles
   assert nt.layout_of(x, 1, False, False, nv.ScaleRule(row_scaled=True)) is None  # another scale rule
+  assert nt.codes_layout_of(x, 0, False, True, None) == nt.COLS_RHT
+  assert nt.codes_layout_of(x, 1, False, False, None) is None  # quantize 1x16 along rows: the XLA form
