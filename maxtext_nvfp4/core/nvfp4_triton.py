@@ -1,5 +1,6 @@
-"""GEMM operands of :func:`maxtext_nvfp4.core.nvfp4.quantize_values` as Pallas (Triton) kernels on XLA:GPU:
-the same bits, in two passes over the operand instead of four or more.
+"""The quantizer of the GEMM operands x and dy (:func:`maxtext_nvfp4.core.nvfp4.quantize_values`, and
+:func:`~maxtext_nvfp4.core.nvfp4.quantize` for the RHT copy of x) as Pallas (Triton) kernels on XLA:GPU: the
+same bits, in two passes over the operand instead of four or more.
 
 XLA cannot fuse a reduction into its consumer, so its form of the quantizer writes the block maxima, reads
 them back for the tensor amax and for a block-level kernel, which writes ``s8`` and ``enc`` for the element
@@ -14,10 +15,11 @@ H200 compile, 2026-12-01/03). Here, for a tile of whole 16-element blocks, in re
               enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)          per block, from integers
               k     = E2M1 code of fl(|y| * enc) (RNE, or SR with nvfp4._random_bytes' byte of the element)
               v     = ±grid(k) * s8                                 written once (bf16)
+              [or, quantize: k and the sign packed two per byte, s8's E4M3 byte]   written once
 
-Layouts (:func:`layout_of`): :data:`ROWS` -- 1x16 blocks along the last axis (x for fprop, dy for dgrad);
-:data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with RHT (dy for wgrad). TE's standard rule only;
-every other call stays on the XLA form.
+Layouts (:func:`layout_of`, :func:`codes_layout_of`): :data:`ROWS` -- 1x16 blocks along the last axis (x for
+fprop, dy for dgrad); :data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with RHT (dy for wgrad, and
+x's 4-bit copy for wgrad). TE's standard rule only; every other call stays on the XLA form.
 
 Every formula is ``nvfp4``'s own helper (:class:`Formulas`, handed in by ``nvfp4``), called on the tile, so
 the same operations give the same bits. Differences of form, each exact: the encode scale per block
