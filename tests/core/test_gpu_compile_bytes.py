@@ -99,3 +99,37 @@ def test_mlp_fwdbwd_bytes_and_memory_on_h200():
   assert nvfp4["other_gib"] - bf16["other_gib"] <= _MLP_EXTRA_OTHER_GIB, summary
   assert nvfp4["total_mib"] <= _MLP_TOTAL_MIB, summary
   assert nvfp4["f32_temps"] == 0, summary
+
+
+def _two_h200s():
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+
+  return topologies.get_topology_desc(platform="cuda", target_config=deviceless.spec_text("h200"),
+                                      topology="1x2x1").devices
+
+
+@pytest.mark.parametrize("spec", [("d", None), (None, "d")], ids=["rows-sharded", "columns-sharded"])
+def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
+  """On a mesh of two compile-only H200s, the Triton kernels of x and dy (core/nvfp4_triton.py) are
+  partitioned: each device runs them on its own shard (no all-gather of the operand), and the amax is the
+  whole operand's (an all-reduce of the per-device maxima)."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import nvfp4 as nv  # pylint: disable=import-outside-toplevel
+
+  devs = _two_h200s()
+  mesh = Mesh(devs, ("d",), axis_types=(AxisType.Auto,))
+  x = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, PartitionSpec()))
+  cases = {
+      "v1d_sr": lambda x, k: nv.quantize_values(x, axis=1, stochastic_key=k),
+      "v0_rht_sr": lambda x, k: nv.quantize_values(x, axis=0, rht=True, stochastic_key=k),
+      "qrht": lambda x, k: nv.quantize(x, axis=0, rht=True),
+  }
+  for name, fn in cases.items():
+    with jax.default_device(devs[0]):  # the GPU Pallas's Triton lowering targets (deviceless.compile_for)
+      text = jax.jit(fn).trace(x, key).lower().compile().as_text()
+    assert "__gpu$xla.gpu.triton" in text, name
+    assert "all-gather" not in text, name
+    assert "all-reduce" in text, name
