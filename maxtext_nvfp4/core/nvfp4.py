@@ -82,6 +82,9 @@ here, ``amax / 2688`` included, is :func:`formats.div_rn`: the IEEE quotient on 
 Where fp32 arithmetic keeps subnormals (XLA:GPU, ``lax.platform_dependent`` branch ``cuda``) the element product
 and the RHT's tiny-group upscale are plain products, and off CPU the SR bytes are hashed per element: the same
 bits with fewer passes over memory (``tests/core/test_nvfp4_gpu_paths.py`` checks each against its other form).
+There, too, the GEMM operands x and dy (``quantize_values`` 1x16 along the last axis, or with RHT along axis 0;
+``quantize`` with RHT along axis 0) are quantized by Pallas (Triton) kernels computing these formulas with these
+helpers (:mod:`maxtext_nvfp4.core.nvfp4_triton`); under ``vmap`` and on other platforms, the code below.
 
 Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
 f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
