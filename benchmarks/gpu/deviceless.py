@@ -71,14 +71,20 @@ def spec_text(spec: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def device(spec: str = "h200"):
-  """A compile-only CUDA device for ``spec`` (raises RuntimeError with the fix when the plugin is missing)."""
+def devices(spec: str = "h200", topology: str = "1x1x1"):
+  """Compile-only CUDA devices for ``spec`` (``topology``: XLA's "hosts x devices x ..." string; raises
+  RuntimeError with the fix when the plugin is missing)."""
   reason = unavailable_reason()
   if reason:
     raise RuntimeError(f"deviceless GPU compile: {reason}")
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
 
-  return topologies.get_topology_desc(platform="cuda", target_config=spec_text(spec), topology="1x1x1").devices[0]
+  return topologies.get_topology_desc(platform="cuda", target_config=spec_text(spec), topology=topology).devices
+
+
+def device(spec: str = "h200"):
+  """One compile-only CUDA device for ``spec``."""
+  return devices(spec)[0]
 
 
 def on_device(args, spec: str = "h200"):

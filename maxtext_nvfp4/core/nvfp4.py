@@ -574,6 +574,11 @@ def _global_scales(amax, bound: int = E4M3_MAX):
   return s_enc, _recip_normal(s_enc)  # S_enc is a positive normal number here (or NaN)
 
 
+def _block_scale_factor(s_enc):
+  """``fl(S_enc * fl(1/6))``: what a block's amax is multiplied by for its E4M3 decode scale (TE's order)."""
+  return s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
+
+
 def _encode_from_e4m3_parts(k8, j8, s_dec):
   """``min(fl(1 / fl(s8 * S_dec)), FLT_MAX)`` for ``s8 = k8 * 2**j8`` (``k8`` a 4-bit integer: E4M3 has 4
   significant bits; 0 for s8 = 0) and a non-NaN ``S_dec > 0``, from integers (exact for subnormal S_dec and
@@ -638,8 +643,7 @@ def _block_scales(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None 
   amax, bamax = _block_amaxes(xb, red, rule, nb_axis)
   s_enc, s_dec = _global_scales(amax, rule.e4m3_bound)
   # Per-block decode scale, E4M3: fl(bamax * fl(S_enc * fl(1/6))), saturated to 448, RNE.
-  c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
-  dec = jnp.minimum(_mul_exact(bamax, c), np.float32(E4M3_MAX))
+  dec = jnp.minimum(_mul_exact(bamax, _block_scale_factor(s_enc)), np.float32(E4M3_MAX))
   s8 = round_to_format(dec, E4M3)
   return amax, s8, _encode_scales(s8, s_dec)
 
@@ -792,14 +796,7 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | N
   xla = lambda x: _quantize_xla(x, stochastic_key, axis_n, block_2d, rht, rule)  # noqa: E731
   if stochastic_key is None and nvfp4_triton.codes_layout_of(x, axis_n, block_2d, rht, rule) is not None:
     # XLA:GPU: the RHT x operand of wgrad as Triton kernels, the same bits (nvfp4_triton's docstring).
-    triton = jax.custom_batching.custom_vmap(_quantize_triton)
-
-    @triton.def_vmap
-    def _batched(axis_size, in_batched, x):  # pylint: disable=unused-variable
-      del axis_size
-      out = jax.vmap(xla, in_axes=0 if in_batched[0] else None)(x)
-      return out, jax.tree_util.tree_map(lambda _: True, out)
-    return lax.platform_dependent(x, cuda=triton, default=xla)
+    return lax.platform_dependent(x, cuda=lambda x: _kernel_unless_vmapped(_quantize_triton, xla, x), default=xla)
   return xla(x)
 
 
@@ -820,38 +817,30 @@ def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule:
   layout = nvfp4_triton.layout_of(x, axis_n, block_2d, rht, rule)
   if layout is not None:
     # XLA:GPU: Pallas (Triton) kernels after the amax, the same bits (nvfp4_triton's docstring).
-    return lax.platform_dependent(x, cuda=_unbatched_triton(xla, dtype, layout, stochastic_key), default=xla)
+    kernel = lambda x, *key: _quantize_values_triton(x, dtype, layout, *key)  # noqa: E731
+    keys = () if stochastic_key is None else (stochastic_key,)
+    return lax.platform_dependent(x, cuda=lambda x: _kernel_unless_vmapped(kernel, xla, x, *keys), default=xla)
   return xla(x)
 
 
-def _unbatched_triton(xla, dtype, layout, stochastic_key):
-  """The Triton form of ``quantize_values`` for an unbatched ``x``; under ``vmap`` (batched GEMMs, per-block
-  amaxes) the XLA form ``xla``, vmapped (the kernels take one amax per call)."""
-  if stochastic_key is None:
-    fn = jax.custom_batching.custom_vmap(lambda x: _quantize_values_triton(x, dtype, layout))
+def _kernel_unless_vmapped(kernel, xla, *args):
+  """``kernel(*args)``; under ``vmap`` (batched GEMMs, per-block amaxes) ``xla`` vmapped instead, the XLA form
+  of the same quantization (the kernels take one amax per call)."""
+  fn = jax.custom_batching.custom_vmap(kernel)
 
-    @fn.def_vmap
-    def _batched(axis_size, in_batched, x):  # pylint: disable=unused-variable
-      del axis_size
-      return jax.vmap(xla, in_axes=0 if in_batched[0] else None)(x), (True, True)
-    return fn
-
-  def with_key(x, key):
-    return _quantize_values_triton(x, dtype, layout, key)
-
-  fn_k = jax.custom_batching.custom_vmap(with_key)
-
-  @fn_k.def_vmap
-  def _batched_k(axis_size, in_batched, x, key):  # pylint: disable=unused-variable
+  @fn.def_vmap
+  def _batched(axis_size, in_batched, *batched_args):  # pylint: disable=unused-variable
     del axis_size
-    in_axes = (0 if in_batched[0] else None, 0 if in_batched[1] else None)
-    return jax.vmap(lambda x, k: _xla_with_key(xla, x, k), in_axes=in_axes)(x, key), (True, True)
-  return lambda x: fn_k(x, stochastic_key)
+    out = jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(*batched_args)
+    return out, jax.tree_util.tree_map(lambda _: True, out)
+
+  return fn(*args)
 
 
 def _triton_formulas():
   return nvfp4_triton.Formulas(
-      global_scales=_global_scales, mul_exact=_mul_exact, e4m3_parts=_e4m3_parts,
+      global_scales=_global_scales, block_scale_factor=_block_scale_factor, mul_exact=_mul_exact,
+      e4m3_parts=_e4m3_parts,
       encode_from_e4m3_parts=_encode_from_e4m3_parts, e2m1_code=_e2m1_code_of_product,
       plain_product=_abs_times_enc_ieee, safe_product=_abs_times_enc_flush_to_zero_safe,
       rht_upscale_ieee=_rht_upscale_ieee, rht_upscale_safe=_rht_upscale_flush_to_zero_safe,
@@ -870,10 +859,6 @@ def _quantize_triton(x, **kw):
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)
   scale = lax.bitcast_convert_type(scale_bytes, jnp.float8_e4m3fn)
   return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=0, block_2d=False, rht=True, e4m3_bound=E4M3_MAX)
-
-
-def _xla_with_key(xla, x, key):
-  return xla(x, key)
 
 
 def _quantize_values_xla(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):

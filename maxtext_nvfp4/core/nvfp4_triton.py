@@ -76,8 +76,8 @@ def _rint_nonnegative(t):
 
 
 def _pow2_tile(n: int, cap: int) -> int:
-  """The largest power of two <= cap that divides n."""
-  return math.gcd(n, cap) if cap & (cap - 1) == 0 else 1
+  """The largest power of two <= cap (itself a power of two) that divides n."""
+  return math.gcd(n, cap)
 
 
 # The two operand layouts the kernels take (x3: the operand reshaped, its 16-element blocks on one axis):
@@ -384,6 +384,8 @@ class Formulas:
 
   # amax -> (S_enc, S_dec), the per-tensor chain
   global_scales: Callable
+  # S_enc -> fl(S_enc * fl(1/6)), the block scale's factor
+  block_scale_factor: Callable
   # (a, b_normal) -> fl(a * b) exact for a subnormal a (the block scale's product)
   mul_exact: Callable
   # s8 -> (k8, j8) with s8 = k8 * 2**j8
@@ -411,6 +413,13 @@ class Formulas:
   e4m3_code: Callable
 
 
+def _scalars(f: Formulas, amax):
+  """The kernels' per-tensor inputs ``(fl(S_enc * fl(1/6)), S_dec)`` (a NaN S_dec as 1: the NaN scales then
+  come from the first, as the XLA form's table lookup gives NaN)."""
+  s_enc, s_dec = f.global_scales(amax)
+  return jnp.stack([f.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)])
+
+
 def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas,
                     flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(values, amax)`` of ``nvfp4.quantize_values(x, axis=..., rht=..., stochastic_key=..., dtype=dtype)`` for
@@ -429,13 +438,10 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
     x3 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1])
     amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3))
   amax = formats.from_bits(amax_bits)
-  s_enc, s_dec = f.global_scales(amax)
-  c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
-  scalars = jnp.stack([c, jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)])
   sr = stochastic_key is not None
   seeds = jax.random.bits(stochastic_key, (2,), jnp.uint32) if sr else jnp.zeros((2,), jnp.uint32)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, sr, x.shape[-1])
-  return call(scalars, seeds, x3).reshape(x.shape), amax
+  return call(_scalars(f, amax), seeds, x3).reshape(x.shape), amax
 
 
 def quantize_codes(x, *, formulas: Formulas, flush_to_zero_safe: bool = False, interpret: bool = False):
@@ -445,9 +451,6 @@ def quantize_codes(x, *, formulas: Formulas, flush_to_zero_safe: bool = False, i
   f = formulas
   x3 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1])
   amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3)))
-  s_enc, s_dec = f.global_scales(amax)
-  c = s_enc * np.float32(np.float32(1.0) / np.float32(6.0))
-  scalars = jnp.stack([c, jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)])
   x4 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1] // 2, 2)
-  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(scalars, x4)
+  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(_scalars(f, amax), x4)
   return packed.reshape(x.shape[0], x.shape[1] // 2), scale_bytes.reshape(x.shape[0] // _BLOCK, x.shape[1]), amax

@@ -101,13 +101,6 @@ def test_mlp_fwdbwd_bytes_and_memory_on_h200():
   assert nvfp4["f32_temps"] == 0, summary
 
 
-def _two_h200s():
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-
-  return topologies.get_topology_desc(platform="cuda", target_config=deviceless.spec_text("h200"),
-                                      topology="1x2x1").devices
-
-
 @pytest.mark.parametrize("spec", [("d", None), (None, "d")], ids=["rows-sharded", "columns-sharded"])
 def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
   """On a mesh of two compile-only H200s, the Triton kernels of x and dy (core/nvfp4_triton.py) are
@@ -118,7 +111,7 @@ def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
 
   from maxtext_nvfp4.core import nvfp4 as nv  # pylint: disable=import-outside-toplevel
 
-  devs = _two_h200s()
+  devs = deviceless.devices("h200", topology="1x2x1")
   mesh = Mesh(devs, ("d",), axis_types=(AxisType.Auto,))
   x = jax.ShapeDtypeStruct((4096, 2048), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec(*spec)))
   key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, PartitionSpec()))
