@@ -580,6 +580,13 @@ def _gemm2d_fwd(static, x, w, use_switched, key):
 
 def _gemm2d_bwd(static, res, dy):
   x, w, use_switched, key = res
+  # dy's producer (outside this GEMM: e.g. the SiLU gradient making dh_gate and dh_up from gate, up and dh)
+  # stays a fusion of its own instead of taking dy's amax reduction in: XLA:GPU lets a fusion's output reuse a
+  # dying operand's buffer only along elementwise paths, through at most its one reduction hero
+  # (xla/service/gpu/buffer_sharing.cc, FusionCanShareBufferHint), and a producer of two operands carries two
+  # amax reductions. Costs one more read of dy for its amax; saves two full-size buffers at the SwiGLU MLP's
+  # peak (benchmarks/RESULTS.md, 2026-12-04). Ordering only: the same bits.
+  dy = lax.optimization_barrier(dy)
   kd, kw = sr_keys(key) if key is not None else (None, None)
   g = static.groups
   dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g))

@@ -81,12 +81,12 @@ def test_quantizer_bytes_on_h200(case):
   assert r["bytes_per_element"] >= (2.5 if case.startswith("q") else 4.0), summary
 
 
-# The SwiGLU MLP fwd+bwd at T=8192 D=4096 F=14336 (mlp_bench's H200 shape), nvfp4 full recipe vs bf16:
-# (max extra non-GEMM GiB over bf16, max compiled total MiB). Measured 2026-12-01; before this change
-# (b5b82f2): +13.97 GiB, 2805 MiB (bf16: 2.19 GiB non-GEMM, 1600 MiB).
-# measured 9.13 (11.31 - 2.19); 5.38 (7.57 - 2.19) with the Triton kernels (2026-12-03)
-_MLP_EXTRA_OTHER_GIB = 5.45
-_MLP_TOTAL_MIB = 2280  # measured 2336 (bf16: 1600); 2272 with the Triton kernels
+# The SwiGLU MLP fwd+bwd at T=8192 D=4096 F=14336 (mlp_bench's H200 shape), nvfp4 full recipe vs bf16 (2.19
+# GiB non-GEMM, 1600 MiB): bounds on the extra non-GEMM GiB over bf16 and on the compiled total, each the
+# measured value and a small slack (measured 5.82 GiB and 1825 MiB = 1.14x; the history in benchmarks/RESULTS.md).
+# #25's targets: <= 6 GiB and <= 1.25x bf16 (2000 MiB).
+_MLP_EXTRA_OTHER_GIB = 5.90
+_MLP_TOTAL_MIB = 1840
 
 
 def test_mlp_fwdbwd_bytes_and_memory_on_h200():
