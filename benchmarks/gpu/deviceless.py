@@ -212,6 +212,25 @@ def _mlp(variant):
   return build
 
 
+def _experts(variant):
+  """MoE's expert GEMM as MaxText's dense MoE path runs it: a batched ``dot_general`` (one GEMM per expert,
+  under ``vmap``), forward and backward (the gradients of ``sum(y * g)`` w.r.t. x and W)."""
+  def build(e=8, c=1024, d=4096, f=4096, **_):
+    from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
+
+    dn = (((2,), (1,)), ((0,), (0,)))
+    if variant == "bf16":
+      dot = lambda x, w, key: jax.lax.dot_general(x, w, dn, preferred_element_type=_BF16)  # noqa: E731
+    else:
+      dot = lambda x, w, key: gemm.dot_general(x, w, dn, recipe=gemm.GemmRecipe(), key=key)  # noqa: E731
+
+    def fwdbwd(x, w, g, key):
+      y, vjp = jax.vjp(lambda x, w: dot(x, w, key), x, w)
+      return y, vjp(g)
+    return fwdbwd, (_sds(e, c, d), _sds(e, d, f), _sds(e, c, f), _KEY), e * c * d
+  return build
+
+
 PROGRAMS = {
     **{f"quant_{c}": (qh.CASES[c][0] + ", 8192x4096", _quantizer(c)) for c in qh.CASES},
     "gemm_fprop": ("fprop GEMM incl. quantizing x (1x16) and W (16x16), 8192x4096 . 4096x14336", _gemm_pass("fprop")),
@@ -219,6 +238,9 @@ PROGRAMS = {
     "gemm_wgrad": ("wgrad GEMM incl. x and dy (RHT 1x16 along tokens, dy SR)", _gemm_pass("wgrad")),
     "mlp_bf16": ("SwiGLU MLP fwd+bwd T=8192 D=4096 F=14336, bf16 (mlp_bench)", _mlp("bf16")),
     "mlp_nvfp4": ("SwiGLU MLP fwd+bwd T=8192 D=4096 F=14336, nvfp4 full recipe (mlp_bench)", _mlp("nvfp4")),
+    "experts_bf16": ("8 experts' GEMMs fwd+bwd (batched dot_general) 8x1024x4096 . 8x4096x4096, bf16",
+                     _experts("bf16")),
+    "experts_nvfp4": ("the same, nvfp4 full recipe (the quantizers under vmap)", _experts("nvfp4")),
 }
 
 

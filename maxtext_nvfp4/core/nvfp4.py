@@ -84,7 +84,8 @@ and the RHT's tiny-group upscale are plain products, and off CPU the SR bytes ar
 bits with fewer passes over memory (``tests/core/test_nvfp4_gpu_paths.py`` checks each against its other form).
 There, too, the GEMM operands x and dy (``quantize_values`` 1x16 along the last axis, or with RHT along axis 0;
 ``quantize`` with RHT along axis 0) are quantized by Pallas (Triton) kernels computing these formulas with these
-helpers (:mod:`maxtext_nvfp4.core.nvfp4_triton`); under ``vmap`` and on other platforms, the code below.
+helpers (:mod:`maxtext_nvfp4.core.nvfp4_triton`), under one ``vmap`` (MoE's experts) as one kernel over the
+batch; under a second ``vmap`` and on other platforms, the code below.
 
 Rounding never relies on float converts (XLA on GPU folds ``f32 -> e2m1 -> f32`` and ``f32 -> bf16 ->
 f32`` round trips): E2M1, E4M3 and the bf16 rounding of the RHT output are explicit arithmetic/bit
@@ -817,24 +818,43 @@ def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule:
   layout = nvfp4_triton.layout_of(x, axis_n, block_2d, rht, rule)
   if layout is not None:
     # XLA:GPU: Pallas (Triton) kernels after the amax, the same bits (nvfp4_triton's docstring).
-    kernel = lambda x, *key: _quantize_values_triton(x, dtype, layout, *key)  # noqa: E731
+    kernel = lambda x, *key, **kw: _quantize_values_triton(x, dtype, layout, *key, **kw)  # noqa: E731
     keys = () if stochastic_key is None else (stochastic_key,)
     return lax.platform_dependent(x, cuda=lambda x: _kernel_unless_vmapped(kernel, xla, x, *keys), default=xla)
   return xla(x)
 
 
 def _kernel_unless_vmapped(kernel, xla, *args):
-  """``kernel(*args)``; under ``vmap`` (batched GEMMs, per-block amaxes) ``xla`` vmapped instead, the XLA form
-  of the same quantization (the kernels take one amax per call)."""
-  fn = jax.custom_batching.custom_vmap(kernel)
+  """``kernel(x, *key)``; under one ``vmap`` of x (batched GEMMs: MoE experts) ``kernel(..., batched=True)``,
+  one amax and one SR key per slice, as ``vmap(xla)`` has them; under a second ``vmap`` (per-block amaxes:
+  TE's amax scope) or one of the key alone, ``xla`` vmapped: the XLA form of the same quantization."""
 
-  @fn.def_vmap
+  def rule(in_batched, x, *key):
+    vxla = _vmapped(xla, in_batched)
+    if not in_batched[0]:  # the key alone batched
+      return vxla(x, *key)
+    key_batched = bool(key) and bool(in_batched[1])
+    once = lambda x, *key: kernel(x, *key, batched=True, key_batched=key_batched)  # noqa: E731
+    return _with_vmap_rule(once, lambda inner, *a: _vmapped(vxla, inner)(*a), x, *key)
+
+  return _with_vmap_rule(kernel, rule, *args)
+
+
+def _vmapped(fn, in_batched):
+  return jax.vmap(fn, in_axes=tuple(0 if b else None for b in in_batched))
+
+
+def _with_vmap_rule(fn, rule, *args):
+  """``fn(*args)`` whose ``vmap`` is ``rule(in_batched, *batched_args)`` (every output batched)."""
+  wrapped = jax.custom_batching.custom_vmap(fn)
+
+  @wrapped.def_vmap
   def _batched(axis_size, in_batched, *batched_args):  # pylint: disable=unused-variable
     del axis_size
-    out = jax.vmap(xla, in_axes=tuple(0 if b else None for b in in_batched))(*batched_args)
+    out = rule(in_batched, *batched_args)
     return out, jax.tree_util.tree_map(lambda _: True, out)
 
-  return fn(*args)
+  return wrapped(*args)
 
 
 def _triton_formulas():
@@ -853,8 +873,10 @@ def _quantize_values_triton(x, dtype, layout, stochastic_key=None, **kw):
   return nvfp4_triton.quantize_values(x, dtype, layout, stochastic_key, formulas=_triton_formulas(), **kw)
 
 
-def _quantize_triton(x, **kw):
-  """:func:`quantize`'s NVFP4Tensor from :func:`nvfp4_triton.quantize_codes` (``kw``: as above)."""
+def _quantize_triton(x, *, key_batched: bool = False, **kw):
+  """:func:`quantize`'s NVFP4Tensor from :func:`nvfp4_triton.quantize_codes` (``kw``: batched, as above; RNE:
+  no key)."""
+  del key_batched
   packed, scale_bytes, amax = nvfp4_triton.quantize_codes(x, formulas=_triton_formulas(), **kw)
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)
   scale = lax.bitcast_convert_type(scale_bytes, jnp.float8_e4m3fn)

@@ -32,9 +32,12 @@ XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interprete
 exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
 
 Sharded operands: ``custom_partitioning`` runs the kernels on each device's shard (blocks stay whole: the
-16 axis is never split) with the replicated scalars, so the amax is the whole operand's; SR positions are
-the global ones (the shard's first row and column from the mesh axis indices). Under ``vmap`` and for an
-explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's Triton backend is deprecated in jax 0.12
+16 axis is never split) with its slice's scalars, the same on every shard of the slice, so the amax is
+the whole operand's; SR positions are
+the global ones (the shard's first row and column from the mesh axis indices). Batched (``batched=True``:
+``vmap``'s batch of independent operands, MoE's experts): the grid's first axis runs over the slices, each
+with its own amax, scalars, SR key and SR positions, the batch axis shardable like any other; under a second
+``vmap`` and for an explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's Triton backend is deprecated in jax 0.12
 (in favour of Mosaic GPU); it still lowers and compiles, on a GPU and deviceless for one. Not yet run on a GPU.
 """
 
@@ -89,14 +92,14 @@ _BLOCK_AXIS = {ROWS: 2, COLS_RHT: 1}
 
 
 def _positions(layout: str, shape, k_ref):
-  """(t, n): each tile element's row and column in the operand's 2D view (T, N), uint32, from the shard's
-  first (row, column) in ``k_ref[2:4]`` and the tile's place in the grid."""
+  """(t, n): each tile element's row and column in its slice's 2D view (T, N), uint32, from the shard's
+  first (row, column) in ``k_ref[2:4]`` and the tile's place in the grid (batch, i, j)."""
   a, b, c = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(3))
-  t0 = k_ref[2] + (pl.program_id(0) * shape[0]).astype(jnp.uint32) * np.uint32(1 if layout == ROWS else _BLOCK)
+  t0 = k_ref[2] + (pl.program_id(1) * shape[0]).astype(jnp.uint32) * np.uint32(1 if layout == ROWS else _BLOCK)
   if layout == ROWS:  # (rows, blocks, 16)
-    n0 = k_ref[3] + (pl.program_id(1) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
+    n0 = k_ref[3] + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
     return t0 + a, n0 + b * np.uint32(_BLOCK) + c
-  n0 = k_ref[3] + (pl.program_id(1) * shape[2]).astype(jnp.uint32)  # (groups, 16, cols)
+  n0 = k_ref[3] + (pl.program_id(2) * shape[2]).astype(jnp.uint32)  # (groups, 16, cols)
   return t0 + a * np.uint32(_BLOCK) + b, n0 + c
 
 
@@ -188,60 +191,66 @@ def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
 
 
 def _tiles(layout: str, shape):
-  """The kernel's tile of an x3 of ``shape`` and its grid (powers of two that divide the dims)."""
+  """The kernel's tile of an x3 of ``shape`` (batch first: the kernel sees one slice's tile) and its grid
+  (batch, i, j) (tiles: powers of two that divide the dims)."""
   if layout == ROWS:
-    rows, blocks, _ = shape
+    batch, rows, blocks, _ = shape
     t = (_pow2_tile(rows, _MAX_ROWS), _pow2_tile(blocks, _MAX_BLOCKS), _BLOCK)
-    return t, (rows // t[0], blocks // t[1]), lambda i, j: (i, j, 0)
-  groups, _, cols = shape  # the RHT's (1, 16, 16, cols) products bound the columns of a tile
+    return t, (batch, rows // t[0], blocks // t[1]), lambda e, i, j: (e, i, j, 0)
+  batch, groups, _, cols = shape  # the RHT's (1, 16, 16, cols) products bound the columns of a tile
   t = (1, _BLOCK, _pow2_tile(cols, _MAX_RHT_COLS))
-  return t, (groups, cols // t[2]), lambda i, j: (i, 0, j)
+  return t, (batch, groups, cols // t[2]), lambda e, i, j: (e, i, 0, j)
+
+
+def _per_slice(a):
+  """The BlockSpec of a (batch, n) operand (scalars, SR words): the kernel sees its slice's row (n,)."""
+  return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
 
 
 def _values_call(scalars, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int):
-  """The values kernel over the blocked operand ``x3``; ``keys``: SR's (k0, k1, first row, first column),
-  or None (RNE)."""
+  """The values kernel over the blocked operand ``x3`` (batch first); ``scalars`` (batch, 2); ``keys``:
+  SR's (k0, k1, first row, first column) per slice (batch, 4), or None (RNE)."""
   tile, grid, index = _tiles(layout, x3.shape)
-  whole = lambda a: pl.BlockSpec(a.shape, lambda i, j: (0,))  # noqa: E731
   operands = (scalars, x3) if keys is None else (scalars, keys, x3)
   return pl.pallas_call(
       functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
-      in_specs=[whole(a) for a in operands[:-1]] + [pl.BlockSpec(tile, index)],
-      out_specs=pl.BlockSpec(tile, index),
+      in_specs=[_per_slice(a) for a in operands[:-1]] + [pl.BlockSpec((None,) + tile, index)],
+      out_specs=pl.BlockSpec((None,) + tile, index),
       interpret=interpret,
       name=f"nvfp4_values_{layout}" + ("" if keys is None else "_sr"),
   )(*operands)
 
 
 def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
-  """Per (group, column) tile maxima of |RHT(x)| as int32 bits: (groups, cols)."""
+  """Per (group, column) tile maxima of |RHT(x)| as int32 bits: (batch, groups, cols)."""
   tile, grid, index = _tiles(COLS_RHT, x3.shape)
   return pl.pallas_call(
       functools.partial(_rht_amax_kernel, f=f, safe=safe),
-      out_shape=jax.ShapeDtypeStruct((x3.shape[0], x3.shape[2]), jnp.int32),
+      out_shape=jax.ShapeDtypeStruct((x3.shape[0], x3.shape[1], x3.shape[3]), jnp.int32),
       grid=grid,
-      in_specs=[pl.BlockSpec(tile, index)],
-      out_specs=pl.BlockSpec((1, tile[2]), lambda i, j: (i, j)),
+      in_specs=[pl.BlockSpec((None,) + tile, index)],
+      out_specs=pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)),
       interpret=interpret,
       name="nvfp4_rht_amax",
   )(x3)
 
 
 def _codes_call(scalars, x4, *, f, safe: bool, interpret: bool):
-  """(packed codes (groups, 16, pairs) uint8, scale bytes (groups, 1, pairs, 2) uint8) of x4 (groups, 16,
-  pairs, 2)."""
-  g, _, pairs, _ = x4.shape
+  """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
+  (batch, groups, 16, pairs, 2); ``scalars`` (batch, 2)."""
+  e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
-  index = lambda i, j: (i, 0, j, 0)  # noqa: E731
+  index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
   return pl.pallas_call(
       functools.partial(_codes_kernel, f=f, safe=safe),
-      out_shape=(jax.ShapeDtypeStruct((g, _BLOCK, pairs), jnp.uint8),
-                 jax.ShapeDtypeStruct((g, 1, pairs, 2), jnp.uint8)),
-      grid=(g, pairs // tp),
-      in_specs=[pl.BlockSpec(scalars.shape, lambda i, j: (0,)), pl.BlockSpec((1, _BLOCK, tp, 2), index)],
-      out_specs=(pl.BlockSpec((1, _BLOCK, tp), lambda i, j: (i, 0, j)), pl.BlockSpec((1, 1, tp, 2), index)),
+      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
+                 jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
+      grid=(e, g, pairs // tp),
+      in_specs=[_per_slice(scalars), pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
+                 pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht",
   )(scalars, x4)
@@ -257,23 +266,24 @@ def _partitioned_codes(f, safe: bool, interpret: bool):
   call = custom_partitioning(run)
 
   def specs(x_spec):
-    x_spec = tuple(x_spec) + (None,) * (4 - len(tuple(x_spec)))
-    g, h = x_spec[0], x_spec[2]
-    return PartitionSpec(g, None, h, None), PartitionSpec(g, None, h), PartitionSpec(g, None, h, None)
+    x_spec = tuple(x_spec) + (None,) * (5 - len(tuple(x_spec)))
+    a, g, h = x_spec[0], x_spec[1], x_spec[3]
+    return (PartitionSpec(a, None), PartitionSpec(a, g, None, h, None), PartitionSpec(a, g, None, h),
+            PartitionSpec(a, g, None, h, None))
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
-    _, d, e = specs(arg_shapes[1].sharding.spec)
+    _, _, d, e = specs(arg_shapes[1].sharding.spec)
     return NamedSharding(mesh, d), NamedSharding(mesh, e)
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    x, d, e = specs(arg_shapes[1].sharding.spec)
+    s, x, d, e = specs(arg_shapes[1].sharding.spec)
     return (mesh, run, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
-            (NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, x)))
+            (NamedSharding(mesh, s), NamedSharding(mesh, x)))
 
   call.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                     sharding_rule="s, g e h p -> g e h, g o h p", need_replication_factors=("s", "e", "p"))
+                     sharding_rule="a s, a g e h p -> a g e h, a g o h p", need_replication_factors=("s", "e", "p"))
   return call
 
 
@@ -288,9 +298,11 @@ def _shard_start(mesh, axes, local: int):
 
 
 def _x3_spec(layout: str, spec):
-  """x3's partition spec with the 16-element block axis unsharded (blocks stay whole on every device)."""
-  spec = tuple(spec) + (None,) * (3 - len(tuple(spec)))
-  return PartitionSpec(spec[0], spec[1], None) if layout == ROWS else PartitionSpec(spec[0], None, spec[2])
+  """x3's partition spec (batch first) with the 16-element block axis unsharded (blocks stay whole on every
+  device)."""
+  spec = tuple(spec) + (None,) * (4 - len(tuple(spec)))
+  return (PartitionSpec(spec[0], spec[1], spec[2], None) if layout == ROWS
+          else PartitionSpec(spec[0], spec[1], None, spec[3]))
 
 
 def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int):
@@ -298,13 +310,13 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
   the replicated scalars; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not."""
 
-  def on_shard(scalars, seeds, x3, mesh=None, spec=(None, None, None)):
+  def on_shard(scalars, seeds, x3, mesh=None, spec=(None, None, None, None)):
     keys = None
     if sr:
-      # x3 dims (0, 1 or 2) that hold the operand's rows and columns, and their element units
-      (dt, ut), (dn, un) = ((0, 1), (1, _BLOCK)) if layout == ROWS else ((0, _BLOCK), (2, 1))
+      # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
+      (dt, ut), (dn, un) = ((1, 1), (2, _BLOCK)) if layout == ROWS else ((1, _BLOCK), (3, 1))
       t0, n0 = (_shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit) for d, unit in ((dt, ut), (dn, un)))
-      keys = jnp.stack([seeds[0], seeds[1], t0, n0])
+      keys = jnp.concatenate([seeds, jnp.broadcast_to(jnp.stack([t0, n0]), (seeds.shape[0], 2))], axis=1)
     return _values_call(scalars, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
                         n_total=n_total)
 
@@ -320,11 +332,11 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
     x_sharding = NamedSharding(mesh, _x3_spec(layout, arg_shapes[2].sharding.spec))
-    rep = NamedSharding(mesh, PartitionSpec())
+    per_slice = NamedSharding(mesh, PartitionSpec(x_sharding.spec[0], None))  # scalars and seeds
     lower = lambda s, k, x: on_shard(s, k, x, mesh, tuple(x_sharding.spec))  # noqa: E731
-    return mesh, lower, x_sharding, (rep, rep, x_sharding)
+    return mesh, lower, x_sharding, (per_slice, per_slice, x_sharding)
 
-  rule = "s, t, r b e -> r b e" if layout == ROWS else "s, t, g e c -> g e c"
+  rule = "a s, a t, a r b e -> a r b e" if layout == ROWS else "a s, a t, a g e c -> a g e c"
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                      need_replication_factors=("s", "t", "e"))
   return call
@@ -340,7 +352,7 @@ def _partitioned_rht_amax(f, safe: bool, interpret: bool):
   call = custom_partitioning(run)
 
   def out_sharding(mesh, x_spec):
-    return NamedSharding(mesh, PartitionSpec(x_spec[0], x_spec[2]))
+    return NamedSharding(mesh, PartitionSpec(x_spec[0], x_spec[1], x_spec[3]))
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
@@ -351,7 +363,7 @@ def _partitioned_rht_amax(f, safe: bool, interpret: bool):
     x_spec = _x3_spec(COLS_RHT, arg_shapes[0].sharding.spec)
     return mesh, run, out_sharding(mesh, x_spec), (NamedSharding(mesh, x_spec),)
 
-  call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule="g e c -> g c",
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule="a g e c -> a g c",
                      need_replication_factors=("e",))
   return call
 
@@ -414,43 +426,61 @@ class Formulas:
 
 
 def _scalars(f: Formulas, amax):
-  """The kernels' per-tensor inputs ``(fl(S_enc * fl(1/6)), S_dec)`` (a NaN S_dec as 1: the NaN scales then
-  come from the first, as the XLA form's table lookup gives NaN)."""
+  """The kernels' per-tensor inputs ``(fl(S_enc * fl(1/6)), S_dec)`` of each slice's amax, (batch, 2) (a NaN
+  S_dec as 1: the NaN scales then come from the first, as the XLA form's table lookup gives NaN)."""
   s_enc, s_dec = f.global_scales(amax)
-  return jnp.stack([f.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)])
+  return jnp.stack([f.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)], axis=-1)
 
 
-def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas,
-                    flush_to_zero_safe: bool = False, interpret: bool = False):
+def _seeds(stochastic_key, batch: int, key_batched: bool):
+  """SR's two key words per slice (batch, 2): ``jax.random.bits(key, (2,), uint32)`` of each slice's key (or of
+  the one key, for every slice), as ``nvfp4._random_bytes`` draws them; zeros for RNE."""
+  if stochastic_key is None:
+    return jnp.zeros((batch, 2), jnp.uint32)
+  bits = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
+  return jax.vmap(bits)(stochastic_key) if key_batched else jnp.broadcast_to(bits(stochastic_key), (batch, 2))
+
+
+def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas, batched: bool = False,
+                    key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(values, amax)`` of ``nvfp4.quantize_values(x, axis=..., rht=..., stochastic_key=..., dtype=dtype)`` for
   the call :func:`layout_of` gave ``layout``.
 
-  ``flush_to_zero_safe``: the element product and the RHT's tiny-group upscale in their exact forms for a
-  flush-to-zero backend (interpret mode on a CPU: the tests); default the plain IEEE forms (XLA:GPU keeps
-  subnormals). ``interpret``: run the kernels through Pallas's interpreter (any backend).
+  ``batched``: x's leading axis is a batch of independent operands (``vmap``'s: one amax, one SR key and the
+  SR positions of each slice; the amax comes back per slice), ``key_batched``: one key per slice (else the one
+  key for every slice). ``flush_to_zero_safe``: the element product and the RHT's tiny-group upscale in their
+  exact forms for a flush-to-zero backend (interpret mode on a CPU: the tests); default the plain IEEE forms
+  (XLA:GPU keeps subnormals). ``interpret``: run the kernels through Pallas's interpreter (any backend).
   """
   f = formulas
+  xb = x if batched else x[None]
+  e = xb.shape[0]
   if layout == ROWS:
-    x3 = x.reshape(-1, x.shape[-1] // _BLOCK, _BLOCK)
-    xf = formats.to_f32_exact(x)
-    amax_bits = jnp.max((formats.bits(xf) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32))
+    x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
+    bits = (formats.bits(formats.to_f32_exact(xb)) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
+    amax_bits = jnp.max(bits, axis=tuple(range(1, xb.ndim)))
   else:
-    x3 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1])
-    amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3))
+    x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
+    amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2))
   amax = formats.from_bits(amax_bits)
   sr = stochastic_key is not None
-  seeds = jax.random.bits(stochastic_key, (2,), jnp.uint32) if sr else jnp.zeros((2,), jnp.uint32)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, sr, x.shape[-1])
-  return call(_scalars(f, amax), seeds, x3).reshape(x.shape), amax
+  values = call(_scalars(f, amax), _seeds(stochastic_key, e, key_batched), x3).reshape(x.shape)
+  return values, (amax if batched else amax[0])
 
 
-def quantize_codes(x, *, formulas: Formulas, flush_to_zero_safe: bool = False, interpret: bool = False):
+def quantize_codes(x, *, formulas: Formulas, batched: bool = False, flush_to_zero_safe: bool = False,
+                   interpret: bool = False):
   """``(packed, scale_bytes, amax)`` of ``nvfp4.quantize(x, axis=0, rht=True)`` for a :func:`codes_layout_of`
   operand x (T, N): the E2M1 codes two per byte along N (T, N/2) uint8, the E4M3 scales' bytes (T/16, N)
-  uint8, the post-RHT amax. ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
+  uint8, the post-RHT amax. ``batched``: x (batch, T, N), each slice its own operand (each result gets the
+  leading batch axis). ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
   f = formulas
-  x3 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1])
-  amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3)))
-  x4 = x.reshape(x.shape[0] // _BLOCK, _BLOCK, x.shape[1] // 2, 2)
+  xb = x if batched else x[None]
+  e, t, n = xb.shape
+  x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
+  amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
+  x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
   packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(_scalars(f, amax), x4)
-  return packed.reshape(x.shape[0], x.shape[1] // 2), scale_bytes.reshape(x.shape[0] // _BLOCK, x.shape[1]), amax
+  packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
+  return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])

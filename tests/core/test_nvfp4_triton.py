@@ -5,8 +5,9 @@ flush-to-zero-safe form of ``fl(|x| * enc)`` that XLA:CPU needs (on XLA:GPU it t
 ``test_nvfp4_gpu_paths.py`` checks the two agree). Against ``quantize_values``' XLA form, bit for bit:
 values and amax, round to nearest and stochastic rounding, bf16 and fp32 operands with zeros, subnormals,
 NaN and Inf, every tile size (block counts that are not powers of two), operands sharded over a 2x2 mesh
-(each device's kernel takes its shard; the SR bits stay the global positions'), and under ``vmap`` (the XLA
-form, per slice). That XLA:GPU compiles it is ``test_quantizer_hlo.py``'s and the GPU byte pins' job.
+(each device's kernel takes its shard; the SR bits stay the global positions'), and batched: under one
+``vmap`` (MoE's experts) a kernel over the whole batch with each slice's amax, SR key and positions, under
+a second the XLA form. That XLA:GPU compiles it is ``test_quantizer_hlo.py``'s and the GPU byte pins' job.
 """
 
 import os
@@ -142,6 +143,78 @@ def test_vmap_takes_the_xla_form_per_slice(sr, rht):
     assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax)
 
 
+def _slices_operand(layout, rng, n=3):
+  """n independent operands stacked (a batch of experts): each its own exponent range, so each slice has its
+  own amax and block scales."""
+  if layout == nt.ROWS:
+    return jnp.stack([_operand(rng, (32, 64), jnp.bfloat16, specials=False) for _ in range(n)])
+  return jnp.stack([_wgrad_operand(rng, (32, 64), jnp.bfloat16) for _ in range(n)])
+
+
+def _slice_kwargs(layout):
+  return {} if layout == nt.ROWS else dict(axis=0, rht=True)
+
+
+@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("keys", ["rne", "one key", "a key per slice"])
+def test_batched_kernel_gives_each_slice_its_bits(layout, keys):
+  x = _slices_operand(layout, np.random.default_rng(21))
+  key = {"rne": None, "one key": jax.random.key(22), "a key per slice": jax.random.split(jax.random.key(23), 3)}[keys]
+  per_slice = keys == "a key per slice"
+  got_v, got_amax = jax.jit(lambda x, k: nv._quantize_values_triton(
+      x, jnp.bfloat16, layout, k, batched=True, key_batched=per_slice, interpret=True, flush_to_zero_safe=True))(x, key)
+  assert got_amax.shape == (3,)
+  for i in range(3):
+    k = key[i] if per_slice else key
+    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=k, **_slice_kwargs(layout))
+    assert _same(got_amax[i], want_amax) and _same(got_v[i], want_v), i
+  assert len({float(a) for a in np.asarray(got_amax)}) == 3  # the slices' amaxes differ: per-slice scalars
+
+
+def test_batched_codes_kernel_gives_each_slice_its_bits():
+  x = _slices_operand(nt.COLS_RHT, np.random.default_rng(24))
+  got = jax.jit(lambda x: nv._quantize_triton(x, batched=True, interpret=True, flush_to_zero_safe=True))(x)
+  for i in range(3):
+    want = nv.quantize(x[i], axis=0, rht=True)
+    assert _same_tensor(jax.tree_util.tree_map(lambda a, i=i: a[i], got), want), i
+
+
+def _vmappable(layout):
+  """nvfp4's dispatch between the kernel and the XLA form (``_kernel_unless_vmapped``), the kernel in
+  Pallas's interpreter: what runs on XLA:GPU, here on the CPU."""
+  kw = _slice_kwargs(layout)
+  axis_n = 0 if kw else 1
+
+  def fn(x, key):
+    kernel = lambda x, *k, **b: nv._quantize_values_triton(  # noqa: E731
+        x, jnp.bfloat16, layout, *k, interpret=True, flush_to_zero_safe=True, **b)
+    xla = lambda x, *k: nv._quantize_values_xla(x, k[0] if k else None, axis_n, False, bool(kw), jnp.bfloat16)  # noqa: E731
+    return nv._kernel_unless_vmapped(kernel, xla, x, key)
+
+  return fn
+
+
+def _pallas_calls(fn, *args):
+  return str(jax.make_jaxpr(fn)(*args)).count("pallas_call")
+
+
+@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+def test_vmap_runs_the_batched_kernel_and_a_second_vmap_the_xla_form(layout):
+  x = _slices_operand(layout, np.random.default_rng(25), n=4)
+  keys = jax.random.split(jax.random.key(26), 4)
+  once = jax.vmap(_vmappable(layout))
+  assert _pallas_calls(once, x, keys) == (1 if layout == nt.ROWS else 2)  # values (+ the RHT amax): one call each
+  got_v, got_amax = jax.jit(once)(x, keys)
+  x2, keys2 = x.reshape((2, 2) + x.shape[1:]), keys.reshape(2, 2)
+  twice = jax.vmap(jax.vmap(_vmappable(layout)))
+  assert _pallas_calls(twice, x2, keys2) == 0
+  got2_v, got2_amax = jax.jit(twice)(x2, keys2)
+  for i in range(4):
+    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=keys[i], **_slice_kwargs(layout))
+    assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax), i
+    assert _same(got2_v[i // 2, i % 2], want_v) and _same(got2_amax[i // 2, i % 2], want_amax), i
+
+
 _SHARDED = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -179,6 +252,28 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   assert np.array_equal(np.asarray(got.scale, np.float32), np.asarray(want.scale, np.float32)), ("codes", spec)
   assert np.asarray(got.amax) == np.asarray(want.amax), ("codes", spec)
   assert "all-gather" not in codes.lower(xs).compile().as_text(), ("codes", spec)
+xb = jnp.stack([x[:, :256], x[:, 256:] * 64, x[:, :256] / 1024, x[:, 256:]])  # 4 slices, 4 amaxes
+keys = jax.random.split(jax.random.key(7), 4)
+for layout, kw, spec in [(nt.ROWS, {}, P("a", None, "b")), (nt.COLS_RHT, dict(axis=0, rht=True), P("a", "b", None))]:
+  batched = jax.jit(lambda x, k: nv._quantize_values_triton(
+      x, jnp.bfloat16, layout, k, batched=True, key_batched=True, interpret=True, flush_to_zero_safe=True))
+  xs = jax.device_put(xb, NamedSharding(mesh, spec))
+  # on the host before slicing: slicing a sharded array on the devices sums masked shards (-0.0 + 0.0 = +0.0)
+  got, amax = jax.device_get(batched(xs, keys))
+  for i in range(4):
+    want, want_amax = nv.quantize_values(xb[i], stochastic_key=keys[i], **kw)
+    assert np.array_equal(np.asarray(got[i]).view(np.uint16), np.asarray(want).view(np.uint16)), ("batched", layout, i)
+    assert np.asarray(amax[i]) == np.asarray(want_amax), ("batched", layout, i)
+  assert "all-gather" not in batched.lower(xs, keys).compile().as_text(), ("batched", layout)
+bcodes = jax.jit(lambda x: nv._quantize_triton(x, batched=True, interpret=True, flush_to_zero_safe=True))
+xs = jax.device_put(xb, NamedSharding(mesh, P("a", None, "b")))
+got = jax.device_get(bcodes(xs))
+for i in range(4):
+  want = nv.quantize(xb[i], axis=0, rht=True)
+  assert np.array_equal(np.asarray(nv.pack(jnp.asarray(got.data[i]))), np.asarray(nv.pack(want.data))), ("bcodes", i)
+  assert np.array_equal(np.asarray(got.scale[i], np.float32), np.asarray(want.scale, np.float32)), ("bcodes", i)
+  assert np.asarray(got.amax[i]) == np.asarray(want.amax), ("bcodes", i)
+assert "all-gather" not in bcodes.lower(xs).compile().as_text(), "bcodes"
 print("ok")
 """
 
