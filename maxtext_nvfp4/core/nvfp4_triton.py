@@ -24,7 +24,9 @@ x's 4-bit copy for wgrad). TE's standard rule only; every other call stays on th
 Every formula is ``nvfp4``'s own helper (:class:`Formulas`, handed in by ``nvfp4``), called on the tile, so
 the same operations give the same bits. Differences of form, each exact: the encode scale per block
 (``nvfp4._encode_from_e4m3_parts``, the row-scaled path's) instead of a lookup in the 127-entry table (Triton
-has no gather; the table is the same function of each E4M3 value); round half to even as
+has no gather; the table is the same function of each E4M3 value); SR's two key words
+``jax.random.bits(key, (2,), uint32)`` from the Threefry key's words by jax's 20 rounds in the kernel
+(:func:`_threefry_bits2`: each of jax's own costs XLA:GPU seconds of compile); round half to even as
 :func:`_rint_nonnegative` (Triton has no ``round``); the RHT matrix from iotas (a kernel captures no array
 constant). The RHT's 16-term fp32 sums run in Triton's order: bit-exact wherever they do not depend on the
 order (nvfp4's RHT contract). ``fl(|x| * enc)`` and the tiny-group upscale are the plain IEEE forms, as on
@@ -103,14 +105,44 @@ def _positions(layout: str, shape, k_ref):
   return t0 + a * np.uint32(_BLOCK) + b, n0 + c
 
 
-def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int):
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _threefry2x32(k1, k2, x1, x2):
+  """jax's Threefry-2x32 hash of the counter words (x1, x2) under the key words (k1, k2), uint32 (the 20
+  rounds of ``jax._src.random.threefry2x32``'s unrolled lowering)."""
+  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for i in range(5):
+    for r in _THREEFRY_ROTATIONS[i % 2]:
+      x1 = x1 + x2
+      x2 = x1 ^ ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r)))
+    x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x1, x2
+
+
+def _threefry_bits2(k1, k2, partitionable: bool):
+  """``jax.random.bits(key, (2,), uint32)`` of a Threefry key with words (k1, k2), from scalars (a kernel
+  computes it; XLA:GPU spends seconds compiling each of jax's): with ``jax_threefry_partitionable`` each
+  word is ``y1 ^ y2`` of the counter (0, i), without it the two words of the counter (0, 1)."""
+  zero = np.uint32(0)
+  if partitionable:
+    (a1, a2), (b1, b2) = _threefry2x32(k1, k2, zero, zero), _threefry2x32(k1, k2, zero, np.uint32(1))
+    return a1 ^ a2, b1 ^ b2
+  return _threefry2x32(k1, k2, zero, np.uint32(1))
+
+
+def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int, threefry: bool | None):
   """``u = byte / 256`` of ``nvfp4._random_bytes(key, (T, N))`` for this tile: the same per-element form,
   ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N / 4) + n div 4`` (uint32, wrapping like
-  ``nvfp4._word_index``); ``k_ref`` = (k0, k1, first row, first column) of the shard; ``n_total``: N of the
-  whole operand (the tile may be a shard's)."""
+  ``nvfp4._word_index``); ``k_ref`` = (key word 0, key word 1, first row, first column) of the shard: the
+  Threefry key's words, (k0, k1) computed here by :func:`_threefry_bits2` (``threefry``: the partitionable
+  flag), or (``threefry`` None) (k0, k1) themselves; ``n_total``: N of the whole operand (the tile may be a
+  shard's)."""
+  k0, k1 = (k_ref[0], k_ref[1]) if threefry is None else _threefry_bits2(k_ref[0], k_ref[1], threefry)
   t, n = _positions(layout, shape, k_ref)
   word = t * np.uint32(n_total // 4) + n // np.uint32(4)
-  h = f.hash32(f.hash32(word + k_ref[0]) ^ k_ref[1])
+  h = f.hash32(f.hash32(word + k0) ^ k1)
   byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
   return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
 
@@ -160,12 +192,12 @@ def _codes_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   return k, neg, s8
 
 
-def _values_kernel(s_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int):
+def _values_kernel(s_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None):
   k_ref, x_ref, v_ref = refs if len(refs) == 3 else (None,) + refs
   xf = formats.to_f32_exact(x_ref[...])
   if layout == COLS_RHT:
     xf = _rht_tile(f, xf, safe)
-  u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total)
+  u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total, threefry)
   v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], s_ref[0], s_ref[1], u, safe)
   v_ref[...] = v.astype(v_ref.dtype)
 
@@ -207,13 +239,15 @@ def _per_slice(a):
   return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
 
 
-def _values_call(scalars, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int):
+def _values_call(scalars, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
+                 threefry: bool | None):
   """The values kernel over the blocked operand ``x3`` (batch first); ``scalars`` (batch, 2); ``keys``:
-  SR's (k0, k1, first row, first column) per slice (batch, 4), or None (RNE)."""
+  SR's (key word 0, key word 1, first row, first column) per slice (batch, 4), or None (RNE); ``threefry``:
+  as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
   operands = (scalars, x3) if keys is None else (scalars, keys, x3)
   return pl.pallas_call(
-      functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total),
+      functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
       in_specs=[_per_slice(a) for a in operands[:-1]] + [pl.BlockSpec((None,) + tile, index)],
@@ -305,7 +339,8 @@ def _x3_spec(layout: str, spec):
           else PartitionSpec(spec[0], spec[1], None, spec[3]))
 
 
-def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int):
+def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
+                        threefry: bool | None):
   """``_values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks with
   the replicated scalars; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not."""
@@ -318,7 +353,7 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
       t0, n0 = (_shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit) for d, unit in ((dt, ut), (dn, un)))
       keys = jnp.concatenate([seeds, jnp.broadcast_to(jnp.stack([t0, n0]), (seeds.shape[0], 2))], axis=1)
     return _values_call(scalars, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
-                        n_total=n_total)
+                        n_total=n_total, threefry=threefry)
 
   def run(scalars, seeds, x3):  # custom_partitioning binds every parameter of its function: three
     return on_shard(scalars, seeds, x3)
@@ -433,12 +468,21 @@ def _scalars(f: Formulas, amax):
 
 
 def _seeds(stochastic_key, batch: int, key_batched: bool):
-  """SR's two key words per slice (batch, 2): ``jax.random.bits(key, (2,), uint32)`` of each slice's key (or of
-  the one key, for every slice), as ``nvfp4._random_bytes`` draws them; zeros for RNE."""
+  """(words (batch, 2) uint32, threefry) for SR's two key words of each slice (of each slice's key, or of the
+  one key for every slice), ``jax.random.bits(key, (2,), uint32)`` as ``nvfp4._random_bytes`` draws them: for
+  a Threefry key its two key words, the kernel computing the bits (``threefry``: jax's partitionable flag);
+  for another PRNG the bits themselves (``threefry`` None). Zeros for RNE."""
   if stochastic_key is None:
-    return jnp.zeros((batch, 2), jnp.uint32)
-  bits = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
-  return jax.vmap(bits)(stochastic_key) if key_batched else jnp.broadcast_to(bits(stochastic_key), (batch, 2))
+    return jnp.zeros((batch, 2), jnp.uint32), None
+  typed = jax.dtypes.issubdtype(stochastic_key.dtype, jax.dtypes.prng_key)
+  impl = str(jax.random.key_impl(stochastic_key)) if typed else jax.config.jax_default_prng_impl
+  if impl == "threefry2x32":
+    words, threefry = (jax.random.key_data(stochastic_key) if typed else stochastic_key), bool(
+        jax.config.jax_threefry_partitionable)
+  else:
+    words, threefry = jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(
+        stochastic_key if key_batched else stochastic_key[None]), None
+  return (words if key_batched else jnp.broadcast_to(words.reshape(-1, 2)[0], (batch, 2))), threefry
 
 
 def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas, batched: bool = False,
@@ -463,9 +507,10 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
     amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2))
   amax = formats.from_bits(amax_bits)
-  sr = stochastic_key is not None
-  call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, sr, x.shape[-1])
-  values = call(_scalars(f, amax), _seeds(stochastic_key, e, key_batched), x3).reshape(x.shape)
+  seeds, threefry = _seeds(stochastic_key, e, key_batched)
+  call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
+                             x.shape[-1], threefry)
+  values = call(_scalars(f, amax), seeds, x3).reshape(x.shape)
   return values, (amax if batched else amax[0])
 
 

@@ -143,6 +143,27 @@ def test_vmap_takes_the_xla_form_per_slice(sr, rht):
     assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax)
 
 
+@pytest.mark.parametrize("partitionable", [True, False])
+def test_kernel_threefry_is_jax_random_bits(partitionable):
+  """The kernels draw SR's two key words from the key's Threefry words themselves: jax.random.bits's."""
+  keys = jax.random.split(jax.random.key(31), 512)
+  words = jax.random.key_data(keys)
+  with jax.threefry_partitionable(partitionable):
+    want = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(keys))
+  got = jax.jit(lambda a, b: nt._threefry_bits2(a, b, partitionable))(words[:, 0], words[:, 1])
+  assert np.array_equal(np.stack([np.asarray(w) for w in got], axis=1), want)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+def test_sr_kernel_with_another_prng_or_a_raw_key(impl):
+  """A non-Threefry key's bits are drawn outside the kernel; a raw uint32[2] key is a Threefry key."""
+  x = _operand(np.random.default_rng(32), (32, 64), jnp.bfloat16, specials=False)
+  key = jax.random.PRNGKey(33) if impl == "threefry2x32" else jax.random.key(33, impl=impl)
+  got_v, got_amax = _kernel_values(x, key)
+  want_v, want_amax = nv.quantize_values(x, stochastic_key=key)
+  assert _same(got_v, want_v) and _same(got_amax, want_amax)
+
+
 def _slices_operand(layout, rng, n=3):
   """n independent operands stacked (a batch of experts): each its own exponent range, so each slice has its
   own amax and block scales."""
