@@ -168,7 +168,9 @@ def divide_significands(ma, mb):
   seed = _seed_quotient(num, mb.astype(jnp.float32)).astype(jnp.int32)
   r = lax.bitcast_convert_type(n_mod - seed.astype(jnp.uint32) * mb.astype(jnp.uint32), jnp.int32) + 8 * mb
   d = lax.div(r, mb)  # r >= 0: truncation is the floor
-  return seed + d - 8, r - d * mb, jnp.where(k24, 24, 23)
+  # int32 constants, not Python ints: Pallas's Triton lowering typed the weak-int select as i1 (the kernels
+  # compute this chain, nvfp4_triton._scalars)
+  return seed + d - 8, r - d * mb, jnp.where(k24, np.int32(24), np.int32(23))
 
 
 def quotient_bits(q, r, mb, e, *, subnormals: bool = True, saturate: bool = False):

@@ -8,7 +8,7 @@ pass to read (8.00 B/element for a bf16 operand; the RHT operand also writes and
 H200 compile, 2026-12-01/03). Here, for a tile of whole 16-element blocks, in registers::
 
     pass 1:   amax = max |x|  (XLA reduce; ROWS)  or  max |RHT(x)|  (a kernel: per-tile maxima; COLS_RHT)
-    scalars:  S_enc, S_dec = nvfp4._global_scales(amax);  c = fl(S_enc * fl(1/6))          (XLA, scalars)
+    scalars:  S_enc, S_dec = nvfp4._global_scales(amax);  c = fl(S_enc * fl(1/6))   (in the kernel, per tile)
     pass 2:   [y = RHT(x) as nvfp4._rht_exact: tiny groups at 2**64, one bf16 rounding]    (COLS_RHT)
               bamax = max |y| over the 16
               s8    = rnd(min(fl(bamax * c), 448), E4M3)
@@ -34,11 +34,11 @@ XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interprete
 exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
 
 Sharded operands: ``custom_partitioning`` runs the kernels on each device's shard (blocks stay whole: the
-16 axis is never split) with its slice's scalars, the same on every shard of the slice, so the amax is
+16 axis is never split) with its slice's amax, the same on every shard of the slice, so the amax is
 the whole operand's; SR positions are
 the global ones (the shard's first row and column from the mesh axis indices). Batched (``batched=True``:
 ``vmap``'s batch of independent operands, MoE's experts): the grid's first axis runs over the slices, each
-with its own amax, scalars, SR key and SR positions, the batch axis shardable like any other; under a second
+with its own amax, SR key and SR positions, the batch axis shardable like any other; under a second
 ``vmap`` and for an explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's Triton backend is deprecated in jax 0.12
 (in favour of Mosaic GPU); it still lowers and compiles, on a GPU and deviceless for one. Not yet run on a GPU.
 """
@@ -192,22 +192,24 @@ def _codes_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   return k, neg, s8
 
 
-def _values_kernel(s_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None):
+def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None):
   k_ref, x_ref, v_ref = refs if len(refs) == 3 else (None,) + refs
   xf = formats.to_f32_exact(x_ref[...])
   if layout == COLS_RHT:
     xf = _rht_tile(f, xf, safe)
   u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total, threefry)
-  v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], s_ref[0], s_ref[1], u, safe)
+  c, s_dec = _scalars(f, a_ref[0])
+  v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], c, s_dec, u, safe)
   v_ref[...] = v.astype(v_ref.dtype)
 
 
-def _codes_kernel(s_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
+def _codes_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
   scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
   xf = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
-  k, neg, s8 = _codes_tile(f, xf, 1, s_ref[0], s_ref[1], None, safe)
+  c, s_dec = _scalars(f, a_ref[0])
+  k, neg, s8 = _codes_tile(f, xf, 1, c, s_dec, None, safe)
   codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
   nibble = lax.broadcasted_iota(jnp.int32, codes.shape, 3) * 4
   d_ref[...] = jnp.sum(codes << nibble, axis=3).astype(jnp.uint8)
@@ -235,17 +237,17 @@ def _tiles(layout: str, shape):
 
 
 def _per_slice(a):
-  """The BlockSpec of a (batch, n) operand (scalars, SR words): the kernel sees its slice's row (n,)."""
+  """The BlockSpec of a (batch, n) operand (amax, SR words): the kernel sees its slice's row (n,)."""
   return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
 
 
-def _values_call(scalars, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
+def _values_call(amax, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
                  threefry: bool | None):
-  """The values kernel over the blocked operand ``x3`` (batch first); ``scalars`` (batch, 2); ``keys``:
+  """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
   SR's (key word 0, key word 1, first row, first column) per slice (batch, 4), or None (RNE); ``threefry``:
   as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
-  operands = (scalars, x3) if keys is None else (scalars, keys, x3)
+  operands = (amax, x3) if keys is None else (amax, keys, x3)
   return pl.pallas_call(
       functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
@@ -271,9 +273,9 @@ def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
   )(x3)
 
 
-def _codes_call(scalars, x4, *, f, safe: bool, interpret: bool):
+def _codes_call(amax, x4, *, f, safe: bool, interpret: bool):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
-  (batch, groups, 16, pairs, 2); ``scalars`` (batch, 2)."""
+  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1)."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
   index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
@@ -282,20 +284,20 @@ def _codes_call(scalars, x4, *, f, safe: bool, interpret: bool):
       out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
                  jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
-      in_specs=[_per_slice(scalars), pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
       out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
                  pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht",
-  )(scalars, x4)
+  )(amax, x4)
 
 
 def _partitioned_codes(f, safe: bool, interpret: bool):
   """``_codes_call`` under ``custom_partitioning``: each device encodes its own shard (groups and column
   pairs; the 16 rows of a group and the 2 columns of a pair stay together)."""
 
-  def run(scalars, x4):
-    return _codes_call(scalars, x4, f=f, safe=safe, interpret=interpret)
+  def run(amax, x4):
+    return _codes_call(amax, x4, f=f, safe=safe, interpret=interpret)
 
   call = custom_partitioning(run)
 
@@ -342,21 +344,21 @@ def _x3_spec(layout: str, spec):
 def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
                         threefry: bool | None):
   """``_values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks with
-  the replicated scalars; SR positions are the global ones (the shard's first row and column, from the mesh
+  its slice's amax; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not."""
 
-  def on_shard(scalars, seeds, x3, mesh=None, spec=(None, None, None, None)):
+  def on_shard(amax, seeds, x3, mesh=None, spec=(None, None, None, None)):
     keys = None
     if sr:
       # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
       (dt, ut), (dn, un) = ((1, 1), (2, _BLOCK)) if layout == ROWS else ((1, _BLOCK), (3, 1))
       t0, n0 = (_shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit) for d, unit in ((dt, ut), (dn, un)))
       keys = jnp.concatenate([seeds, jnp.broadcast_to(jnp.stack([t0, n0]), (seeds.shape[0], 2))], axis=1)
-    return _values_call(scalars, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
+    return _values_call(amax, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
                         n_total=n_total, threefry=threefry)
 
-  def run(scalars, seeds, x3):  # custom_partitioning binds every parameter of its function: three
-    return on_shard(scalars, seeds, x3)
+  def run(amax, seeds, x3):  # custom_partitioning binds every parameter of its function: three
+    return on_shard(amax, seeds, x3)
 
   call = custom_partitioning(run)
 
@@ -367,7 +369,7 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
     x_sharding = NamedSharding(mesh, _x3_spec(layout, arg_shapes[2].sharding.spec))
-    per_slice = NamedSharding(mesh, PartitionSpec(x_sharding.spec[0], None))  # scalars and seeds
+    per_slice = NamedSharding(mesh, PartitionSpec(x_sharding.spec[0], None))  # amax and seeds
     lower = lambda s, k, x: on_shard(s, k, x, mesh, tuple(x_sharding.spec))  # noqa: E731
     return mesh, lower, x_sharding, (per_slice, per_slice, x_sharding)
 
@@ -461,10 +463,11 @@ class Formulas:
 
 
 def _scalars(f: Formulas, amax):
-  """The kernels' per-tensor inputs ``(fl(S_enc * fl(1/6)), S_dec)`` of each slice's amax, (batch, 2) (a NaN
-  S_dec as 1: the NaN scales then come from the first, as the XLA form's table lookup gives NaN)."""
+  """``(fl(S_enc * fl(1/6)), S_dec)`` of a slice's amax, computed in the kernel (a NaN S_dec as 1: the NaN
+  scales then come from the first, as the XLA form's table lookup gives NaN). In the kernel, not in XLA: the
+  chain's integer division is scalar work for a kernel, and XLA:GPU spends seconds compiling each copy."""
   s_enc, s_dec = f.global_scales(amax)
-  return jnp.stack([f.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)], axis=-1)
+  return f.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)
 
 
 def _seeds(stochastic_key, batch: int, key_batched: bool):
@@ -510,7 +513,7 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
                              x.shape[-1], threefry)
-  values = call(_scalars(f, amax), seeds, x3).reshape(x.shape)
+  values = call(amax[:, None], seeds, x3).reshape(x.shape)
   return values, (amax if batched else amax[0])
 
 
@@ -526,6 +529,6 @@ def quantize_codes(x, *, formulas: Formulas, batched: bool = False, flush_to_zer
   x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
   amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
-  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(_scalars(f, amax), x4)
+  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(amax[:, None], x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
   return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
