@@ -82,8 +82,8 @@ here, ``amax / 2688`` included, is :func:`formats.div_rn`: the IEEE quotient on 
 Where fp32 arithmetic keeps subnormals (XLA:GPU, ``lax.platform_dependent`` branch ``cuda``) the element product
 and the RHT's tiny-group upscale are plain products, and off CPU the SR bytes are hashed per element: the same
 bits with fewer passes over memory (``tests/core/test_nvfp4_gpu_paths.py`` checks each against its other form).
-There, too, the GEMM operands x and dy (``quantize_values`` 1x16 along the last axis, or with RHT along axis 0;
-``quantize`` with RHT along axis 0) are quantized by Pallas (Triton) kernels computing these formulas with these
+There, too, the GEMM operands x, dy and W (``quantize_values`` 1x16 along the last axis, or with RHT along axis
+0; ``quantize`` with RHT along axis 0 or in 16x16 tiles) are quantized by Pallas (Triton) kernels computing these formulas with these
 helpers (:mod:`maxtext_nvfp4.core.nvfp4_triton`), under one ``vmap`` (MoE's experts) as one kernel over the
 batch; under a second ``vmap`` and on other platforms, the code below.
 
@@ -795,9 +795,11 @@ def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | 
 def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule | None = None):
   """The traced body of :func:`quantize` (arguments already validated; ``axis_n`` non-negative)."""
   xla = lambda x: _quantize_xla(x, stochastic_key, axis_n, block_2d, rht, rule)  # noqa: E731
-  if stochastic_key is None and nvfp4_triton.codes_layout_of(x, axis_n, block_2d, rht, rule) is not None:
-    # XLA:GPU: the RHT x operand of wgrad as Triton kernels, the same bits (nvfp4_triton's docstring).
-    return lax.platform_dependent(x, cuda=lambda x: _kernel_unless_vmapped(_quantize_triton, xla, x), default=xla)
+  layout = nvfp4_triton.codes_layout_of(x, axis_n, block_2d, rht, rule) if stochastic_key is None else None
+  if layout is not None:
+    # XLA:GPU: the RHT x operand of wgrad and W's 16x16 tiles as Triton kernels, the same bits (nvfp4_triton).
+    kernel = lambda x, **kw: _quantize_triton(x, layout, **kw)  # noqa: E731
+    return lax.platform_dependent(x, cuda=lambda x: _kernel_unless_vmapped(kernel, xla, x), default=xla)
   return xla(x)
 
 
@@ -831,7 +833,7 @@ def _kernel_unless_vmapped(kernel, xla, *args):
 
   def rule(in_batched, x, *key):
     vxla = _vmapped(xla, in_batched)
-    if not in_batched[0]:  # the key alone batched
+    if not in_batched[0] or nvfp4_triton.explicitly_sharded(x):  # the key alone batched; a sharded batch type
       return vxla(x, *key)
     key_batched = bool(key) and bool(in_batched[1])
     once = lambda x, *key: kernel(x, *key, batched=True, key_batched=key_batched)  # noqa: E731
@@ -873,14 +875,16 @@ def _quantize_values_triton(x, dtype, layout, stochastic_key=None, **kw):
   return nvfp4_triton.quantize_values(x, dtype, layout, stochastic_key, formulas=_triton_formulas(), **kw)
 
 
-def _quantize_triton(x, *, key_batched: bool = False, **kw):
+def _quantize_triton(x, layout=nvfp4_triton.COLS_RHT, *, key_batched: bool = False, **kw):
   """:func:`quantize`'s NVFP4Tensor from :func:`nvfp4_triton.quantize_codes` (``kw``: batched, as above; RNE:
   no key)."""
   del key_batched
-  packed, scale_bytes, amax = nvfp4_triton.quantize_codes(x, formulas=_triton_formulas(), **kw)
+  packed, scale_bytes, amax = nvfp4_triton.quantize_codes(x, layout, formulas=_triton_formulas(), **kw)
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)
   scale = lax.bitcast_convert_type(scale_bytes, jnp.float8_e4m3fn)
-  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=0, block_2d=False, rht=True, e4m3_bound=E4M3_MAX)
+  tiles = layout == nvfp4_triton.TILES_2D
+  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=None if tiles else 0, block_2d=tiles, rht=not tiles,
+                     e4m3_bound=E4M3_MAX)
 
 
 def _quantize_values_xla(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):

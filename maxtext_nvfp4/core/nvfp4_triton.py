@@ -1,6 +1,6 @@
-"""The quantizer of the GEMM operands x and dy (:func:`maxtext_nvfp4.core.nvfp4.quantize_values`, and
-:func:`~maxtext_nvfp4.core.nvfp4.quantize` for the RHT copy of x) as Pallas (Triton) kernels on XLA:GPU: the
-same bits, in two passes over the operand instead of four or more.
+"""The quantizer of the GEMM operands x, dy and W (:func:`maxtext_nvfp4.core.nvfp4.quantize_values`, and
+:func:`~maxtext_nvfp4.core.nvfp4.quantize` for the RHT copy of x and W's 16x16 tiles) as Pallas (Triton)
+kernels on XLA:GPU: the same bits, in two passes over the operand instead of four or more.
 
 XLA cannot fuse a reduction into its consumer, so its form of the quantizer writes the block maxima, reads
 them back for the tensor amax and for a block-level kernel, which writes ``s8`` and ``enc`` for the element
@@ -19,7 +19,9 @@ H200 compile, 2026-12-01/03). Here, for a tile of whole 16-element blocks, in re
 
 Layouts (:func:`layout_of`, :func:`codes_layout_of`): :data:`ROWS` -- 1x16 blocks along the last axis (x for
 fprop, dy for dgrad); :data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with RHT (dy for wgrad, and
-x's 4-bit copy for wgrad). TE's standard rule only; every other call stays on the XLA form.
+x's 4-bit copy for wgrad); :data:`TILES_2D` -- ``quantize``'s 16x16 tiles of a 2D operand (W for fprop and
+dgrad; the tile amax over its 16 rows and 8 column pairs). TE's standard rule only; every other call stays on
+the XLA form.
 
 Every formula is ``nvfp4``'s own helper (:class:`Formulas`, handed in by ``nvfp4``), called on the tile, so
 the same operations give the same bits. Differences of form, each exact: the encode scale per block
@@ -69,6 +71,7 @@ _BLOCK = 16
 _MAX_ROWS = 16
 _MAX_BLOCKS = 64
 _MAX_RHT_COLS = 32
+_MAX_TILES = 8  # 16x16 tiles (TILES_2D) per program: 16 rows x 128 columns
 
 
 def _rint_nonnegative(t):
@@ -90,6 +93,7 @@ def _pow2_tile(n: int, cap: int) -> int:
 #   COLS_RHT x (T, N)   -> (T/16, 16, N): blocks along axis 0, RHT along them first (dy for wgrad)
 ROWS = "rows"
 COLS_RHT = "cols_rht"
+TILES_2D = "tiles_2d"  # quantize only: 16x16 tiles of a 2D operand (W), TE's byte layout
 _BLOCK_AXIS = {ROWS: 2, COLS_RHT: 1}
 
 
@@ -217,6 +221,18 @@ def _codes_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   e_ref[...] = jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
 
 
+def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
+  """TILES_2D, RNE, on a (1, 16, tiles, 8, 2) tile of W viewed as (K/16, 16, N/16, 8, 2): each 16x16 tile's
+  amax over its rows and its 8 column pairs, the E2M1 codes two per byte along the columns (even column in the
+  low nibble) and the tile's E4M3 scale byte."""
+  c, s_dec = _scalars(f, a_ref[0])
+  k, neg, s8 = _codes_tile(f, formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
+  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
+  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, 4) * 4
+  d_ref[...] = jnp.sum(codes << nibble, axis=4).astype(jnp.uint8)
+  e_ref[...] = jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
+
+
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
   """Per tile column: max |RHT(x)| bits over its groups and 16 rows (the tensor amax's first step)."""
   y = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
@@ -290,6 +306,57 @@ def _codes_call(amax, x4, *, f, safe: bool, interpret: bool):
       interpret=interpret,
       name="nvfp4_codes_cols_rht",
   )(amax, x4)
+
+
+def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
+  """(packed codes (batch, K/16, 16, N/16, 8) uint8, scale bytes (batch, K/16, 1, N/16, 1, 1) uint8) of W viewed
+  as x6 (batch, K/16, 16, N/16, 8, 2); ``amax`` (batch, 1)."""
+  e, g, _, nt, _, _ = x6.shape
+  tt = _pow2_tile(nt, _MAX_TILES)
+  index = lambda b, i, j: (b, i, 0, j, 0, 0)  # noqa: E731
+  return pl.pallas_call(
+      functools.partial(_tiles_kernel, f=f, safe=safe),
+      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, nt, 8), jnp.uint8),
+                 jax.ShapeDtypeStruct((e, g, 1, nt, 1, 1), jnp.uint8)),
+      grid=(e, g, nt // tt),
+      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, _BLOCK, tt, 8, 2), index)],
+      out_specs=(pl.BlockSpec((None, 1, _BLOCK, tt, 8), lambda b, i, j: (b, i, 0, j, 0)),
+                 pl.BlockSpec((None, 1, 1, tt, 1, 1), index)),
+      interpret=interpret,
+      name="nvfp4_codes_tiles_2d",
+  )(amax, x6)
+
+
+def _partitioned_tiles(f, safe: bool, interpret: bool):
+  """``_tiles_call`` under ``custom_partitioning``: each device encodes its shard's whole 16x16 tiles (W's row
+  tiles and column tiles shardable; a tile's 16 rows and 8 column pairs stay together)."""
+
+  def run(amax, x6):
+    return _tiles_call(amax, x6, f=f, safe=safe, interpret=interpret)
+
+  call = custom_partitioning(run)
+
+  def specs(x_spec):
+    x_spec = tuple(x_spec) + (None,) * (6 - len(tuple(x_spec)))
+    a, g, h = x_spec[0], x_spec[1], x_spec[3]
+    return (PartitionSpec(a, None), PartitionSpec(a, g, None, h, None, None), PartitionSpec(a, g, None, h, None),
+            PartitionSpec(a, g, None, h, None, None))
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    _, _, d, e = specs(arg_shapes[1].sharding.spec)
+    return NamedSharding(mesh, d), NamedSharding(mesh, e)
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    s, x, d, e = specs(arg_shapes[1].sharding.spec)
+    return (mesh, run, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
+            (NamedSharding(mesh, s), NamedSharding(mesh, x)))
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="a s, a g r h p q -> a g r h p, a g o h u v",
+                     need_replication_factors=("s", "r", "p", "q"))
+  return call
 
 
 def _partitioned_codes(f, safe: bool, interpret: bool):
@@ -405,13 +472,17 @@ def _partitioned_rht_amax(f, safe: bool, interpret: bool):
   return call
 
 
+def explicitly_sharded(x) -> bool:
+  """x's type carries a sharding (an Explicit mesh axis): left to XLA, pallas_call takes unsharded types only."""
+  return any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ())
+
+
 def layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
   """The kernel layout that computes this ``quantize_values`` call, or None (the XLA form): TE's standard rule,
   1x16 blocks along the last axis (:data:`ROWS`), or with RHT along axis 0 of a 2D operand whose columns
   are a multiple of 4 (:data:`COLS_RHT`); bf16 or fp32."""
-  # An explicitly sharded x (sharding in its type) is left to XLA: pallas_call takes unsharded types only.
-  explicit = any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ())
-  if rule is not None or block_2d or explicit or x.size == 0 or x.dtype not in (jnp.bfloat16, jnp.float32):
+  if rule is not None or block_2d or explicitly_sharded(x) or x.size == 0 or x.dtype not in (jnp.bfloat16,
+                                                                                              jnp.float32):
     return None
   if not rht and x.ndim >= 1 and axis_n == x.ndim - 1:
     return ROWS
@@ -422,7 +493,11 @@ def layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
 
 def codes_layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
   """The kernel layout that computes this ``quantize`` call (TE's byte layout), or None (the XLA form): RHT
-  along axis 0 of a 2D operand with an even number of columns that is a multiple of 4 (:data:`COLS_RHT`)."""
+  along axis 0 of a 2D operand with an even number of columns that is a multiple of 4 (:data:`COLS_RHT`), or
+  16x16 tiles of a 2D operand whose sides are multiples of 16 (:data:`TILES_2D`: W), TE's standard rule."""
+  if (block_2d and not rht and rule is None and x.ndim == 2 and x.shape[0] % _BLOCK == 0 and x.shape[1] % _BLOCK == 0
+      and x.size and x.dtype in (jnp.bfloat16, jnp.float32) and not explicitly_sharded(x)):
+    return TILES_2D
   return COLS_RHT if layout_of(x, axis_n, block_2d, rht, rule) == COLS_RHT and x.shape[1] % 2 == 0 else None
 
 
@@ -517,15 +592,23 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   return values, (amax if batched else amax[0])
 
 
-def quantize_codes(x, *, formulas: Formulas, batched: bool = False, flush_to_zero_safe: bool = False,
-                   interpret: bool = False):
-  """``(packed, scale_bytes, amax)`` of ``nvfp4.quantize(x, axis=0, rht=True)`` for a :func:`codes_layout_of`
-  operand x (T, N): the E2M1 codes two per byte along N (T, N/2) uint8, the E4M3 scales' bytes (T/16, N)
-  uint8, the post-RHT amax. ``batched``: x (batch, T, N), each slice its own operand (each result gets the
-  leading batch axis). ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
+def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bool = False,
+                   flush_to_zero_safe: bool = False, interpret: bool = False):
+  """``(packed, scale_bytes, amax)`` of ``nvfp4.quantize(x, axis=0, rht=True)`` (:data:`COLS_RHT`) or of
+  ``nvfp4.quantize(x, block_2d=True)`` (:data:`TILES_2D`) for a :func:`codes_layout_of` operand x (T, N): the
+  E2M1 codes two per byte along N (T, N/2) uint8, the E4M3 scales' bytes ((T/16, N), or (T/16, N/16) for
+  tiles) uint8, the amax (post-RHT). ``batched``: x (batch, T, N), each slice its own operand (each result gets
+  the leading batch axis). ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
   f = formulas
   xb = x if batched else x[None]
   e, t, n = xb.shape
+  if layout == TILES_2D:
+    bits = (formats.bits(formats.to_f32_exact(xb)) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
+    amax = formats.from_bits(jnp.max(bits, axis=(1, 2)))
+    x6 = xb.reshape(e, t // _BLOCK, _BLOCK, n // _BLOCK, 8, 2)
+    packed, scale_bytes = _partitioned_tiles(f, flush_to_zero_safe, interpret)(amax[:, None], x6)
+    packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
+    return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
   amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)

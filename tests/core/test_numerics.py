@@ -736,7 +736,7 @@ def test_gpu_lowering_of_the_quantizer_has_no_loop():
       # the XLA form (on XLA:GPU a Triton kernel takes unbatched calls: tests/core/test_quantizer_hlo.py)
       "rht+sr values": lambda x, k: nv._quantize_values_xla(x, k, 0, False, True, jnp.bfloat16),
       "1d sr": lambda x, k: nv._quantize_impl(x, k, 1, False, False),
-      "2d": lambda x, k: nv._quantize_impl(x, None, None, True, False),
+      "2d": lambda x, k: nv._quantize_xla(x, None, None, True, False),
   }
   for name, fn in fns.items():
     text = jax.jit(fn).trace(x, key).lower(lowering_platforms=("cuda",)).as_text()

@@ -109,6 +109,40 @@ def test_rht_codes_kernel_gives_quantize_bits(shape, dtype):
   assert len(np.unique(np.asarray(want.scale, np.float32))) > 1
 
 
+def _weight(rng, shape, dtype):
+  """W: 16x16 tiles each at its own scale (2**-12 .. 2**12: distinct E4M3 scales), a tile of subnormals, a zero
+  tile, signed zeros and ties of the grid."""
+  k, n = shape
+  x = rng.standard_normal(shape).astype(np.float32) * np.repeat(np.repeat(
+      np.exp2(rng.integers(-12, 12, (k // 16, n // 16))), 16, axis=0), 16, axis=1).astype(np.float32)
+  x[0, :6] = [0.0, -0.0, 1e-40, -3e-45, 1.25, 3.5]
+  x[:16, -16:] = np.float32(3e-45) * rng.integers(-3, 4, (16, 16))
+  x[16:32, 16:32] = 0.0
+  return jnp.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("shape", [(64, 256), (32, 48), (48, 2064)])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_tiles_kernel_gives_quantize_2d_bits(shape, dtype):
+  x = _weight(np.random.default_rng(sum(shape) + 2), shape, dtype)
+  got = jax.jit(lambda x: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True))(x)
+  want = nv.quantize(x, block_2d=True)
+  assert _same_tensor(got, want)
+  assert len(np.unique(np.asarray(want.scale, np.float32))) > 3
+
+
+def test_tiles_kernel_batched_and_under_vmap():
+  rng = np.random.default_rng(41)
+  x = jnp.stack([_weight(rng, (32, 64), jnp.bfloat16) for _ in range(3)])
+  kernel = lambda x, **kw: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True, **kw)  # noqa: E731
+  xla = lambda x: nv._quantize_xla(x, None, None, True, False)  # noqa: E731
+  fn = jax.vmap(lambda x: nv._kernel_unless_vmapped(kernel, xla, x))
+  assert _pallas_calls(fn, x) == 1
+  got = jax.jit(fn)(x)
+  for i in range(3):
+    assert _same_tensor(jax.tree_util.tree_map(lambda a, i=i: a[i], got), nv.quantize(x[i], block_2d=True)), i
+
+
 def test_rht_matrix_from_iotas_is_tes():
   m = np.asarray(jax.jit(lambda: nt._rht_matrix(nv._triton_formulas()))()).reshape(16, 16)
   assert np.array_equal(m, np.asarray(nv.rht_matrix()))
@@ -295,6 +329,27 @@ for i in range(4):
   assert np.array_equal(np.asarray(got.scale[i], np.float32), np.asarray(want.scale, np.float32)), ("bcodes", i)
   assert np.asarray(got.amax[i]) == np.asarray(want.amax), ("bcodes", i)
 assert "all-gather" not in bcodes.lower(xs).compile().as_text(), "bcodes"
+tiles = jax.jit(lambda x: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True))
+for spec in [P("a", "b"), P(None, ("a", "b"))]:
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  got, want = jax.device_get(tiles(xs)), nv.quantize(x, block_2d=True)
+  assert np.array_equal(np.asarray(nv.pack(jnp.asarray(got.data))), np.asarray(nv.pack(want.data))), ("tiles", spec)
+  assert np.array_equal(np.asarray(got.scale, np.float32), np.asarray(want.scale, np.float32)), ("tiles", spec)
+  assert "all-gather" not in tiles.lower(xs).compile().as_text(), ("tiles", spec)
+# A batch whose type carries its sharding (an Explicit mesh axis) takes the XLA form under vmap.
+emesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
+def dispatch(x, k):
+  kernel = lambda x, *k, **b: nv._quantize_values_triton(x, jnp.bfloat16, nt.ROWS, *k, interpret=True,
+                                                         flush_to_zero_safe=True, **b)
+  xla = lambda x, *k: nv._quantize_values_xla(x, k[0] if k else None, 1, False, False, jnp.bfloat16)
+  return nv._kernel_unless_vmapped(kernel, xla, x, k)
+with jax.set_mesh(emesh):
+  xe, ke = (jax.device_put(a, NamedSharding(emesh, P("a"))) for a in (xb, keys))
+  assert "pallas_call" not in str(jax.make_jaxpr(jax.vmap(dispatch))(xe, ke))
+  got, amax = jax.device_get(jax.jit(jax.vmap(dispatch))(xe, ke))
+for i in range(4):
+  want, want_amax = nv.quantize_values(xb[i], stochastic_key=keys[i])
+  assert np.array_equal(np.asarray(got[i]).view(np.uint16), np.asarray(want).view(np.uint16)), ("explicit", i)
 print("ok")
 """
 
@@ -328,3 +383,6 @@ def test_layout_only_where_a_kernel_computes_the_call():
   assert nt.layout_of(x, 1, False, False, nv.ScaleRule(row_scaled=True)) is None  # another scale rule
   assert nt.codes_layout_of(x, 0, False, True, None) == nt.COLS_RHT
   assert nt.codes_layout_of(x, 1, False, False, None) is None  # quantize 1x16 along rows: the XLA form
+  assert nt.codes_layout_of(x, None, True, False, None) == nt.TILES_2D  # W's 16x16 tiles
+  assert nt.codes_layout_of(jnp.zeros((32, 40), jnp.bfloat16), None, True, False, None) is None  # 40 columns
+  assert nt.codes_layout_of(x, None, True, False, nv.ScaleRule(selection="4over6")) is None  # another rule
