@@ -36,13 +36,13 @@ XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interprete
 exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
 
 Sharded operands: ``custom_partitioning`` runs the kernels on each device's shard (blocks stay whole: the
-16 axis is never split) with its slice's amax, the same on every shard of the slice, so the amax is
-the whole operand's; SR positions are
-the global ones (the shard's first row and column from the mesh axis indices). Batched (``batched=True``:
-``vmap``'s batch of independent operands, MoE's experts): the grid's first axis runs over the slices, each
-with its own amax, SR key and SR positions, the batch axis shardable like any other; under a second
-``vmap`` and for an explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's Triton backend is deprecated in jax 0.12
-(in favour of Mosaic GPU); it still lowers and compiles, on a GPU and deviceless for one. Not yet run on a GPU.
+16 axis is never split) with its slice's amax, the same on every shard of the slice, so the amax is the whole
+operand's; SR positions are the global ones (the shard's first row and column from the mesh axis indices).
+Batched (``batched=True``: ``vmap``'s batch of independent operands, MoE's experts): the grid's first axis
+runs over the slices, each with its own amax, SR key and SR positions, the batch axis shardable like any
+other; under a second ``vmap`` and for an explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's
+Triton backend is deprecated in jax 0.12 (in favour of Mosaic GPU); it still lowers and compiles, on a GPU and
+deviceless for one. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -327,20 +327,18 @@ def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
   )(amax, x6)
 
 
-def _partitioned_tiles(f, safe: bool, interpret: bool):
-  """``_tiles_call`` under ``custom_partitioning``: each device encodes its shard's whole 16x16 tiles (W's row
-  tiles and column tiles shardable; a tile's 16 rows and 8 column pairs stay together)."""
-
-  def run(amax, x6):
-    return _tiles_call(amax, x6, f=f, safe=safe, interpret=interpret)
-
-  call = custom_partitioning(run)
+def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ...]):
+  """``encode(amax, xn) -> (packed codes, scale bytes)`` under ``custom_partitioning``: each device encodes its
+  own shard of xn (batch, groups, 16, columns, ...), sharded along the batch, the groups and the columns only
+  (a block's 16 rows and a column pair stay together); the codes have xn's rank minus one, the scale bytes
+  xn's rank, both sharded as xn."""
+  call = custom_partitioning(encode)
 
   def specs(x_spec):
-    x_spec = tuple(x_spec) + (None,) * (6 - len(tuple(x_spec)))
+    x_spec = tuple(x_spec) + (None,) * (rank - len(tuple(x_spec)))
     a, g, h = x_spec[0], x_spec[1], x_spec[3]
-    return (PartitionSpec(a, None), PartitionSpec(a, g, None, h, None, None), PartitionSpec(a, g, None, h, None),
-            PartitionSpec(a, g, None, h, None, None))
+    x = PartitionSpec(a, g, None, h, *(None,) * (rank - 4))
+    return PartitionSpec(a, None), x, PartitionSpec(a, g, None, h, *(None,) * (rank - 5)), x
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
@@ -350,44 +348,26 @@ def _partitioned_tiles(f, safe: bool, interpret: bool):
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
     s, x, d, e = specs(arg_shapes[1].sharding.spec)
-    return (mesh, run, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
+    return (mesh, encode, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
             (NamedSharding(mesh, s), NamedSharding(mesh, x)))
 
-  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                     sharding_rule="a s, a g r h p q -> a g r h p, a g o h u v",
-                     need_replication_factors=("s", "r", "p", "q"))
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
+                     need_replication_factors=replicated)
   return call
+
+
+def _partitioned_tiles(f, safe: bool, interpret: bool):
+  """``_tiles_call`` per device: W's row tiles and column tiles shardable, a tile's 16 rows and 8 column pairs
+  together."""
+  return _partitioned_encoder(lambda amax, x6: _tiles_call(amax, x6, f=f, safe=safe, interpret=interpret), 6,
+                              "a s, a g r h p q -> a g r h p, a g o h u v", ("s", "r", "p", "q"))
 
 
 def _partitioned_codes(f, safe: bool, interpret: bool):
-  """``_codes_call`` under ``custom_partitioning``: each device encodes its own shard (groups and column
-  pairs; the 16 rows of a group and the 2 columns of a pair stay together)."""
-
-  def run(amax, x4):
-    return _codes_call(amax, x4, f=f, safe=safe, interpret=interpret)
-
-  call = custom_partitioning(run)
-
-  def specs(x_spec):
-    x_spec = tuple(x_spec) + (None,) * (5 - len(tuple(x_spec)))
-    a, g, h = x_spec[0], x_spec[1], x_spec[3]
-    return (PartitionSpec(a, None), PartitionSpec(a, g, None, h, None), PartitionSpec(a, g, None, h),
-            PartitionSpec(a, g, None, h, None))
-
-  def infer(mesh, arg_shapes, result_shape):
-    del result_shape
-    _, _, d, e = specs(arg_shapes[1].sharding.spec)
-    return NamedSharding(mesh, d), NamedSharding(mesh, e)
-
-  def partition(mesh, arg_shapes, result_shape):
-    del result_shape
-    s, x, d, e = specs(arg_shapes[1].sharding.spec)
-    return (mesh, run, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
-            (NamedSharding(mesh, s), NamedSharding(mesh, x)))
-
-  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
-                     sharding_rule="a s, a g e h p -> a g e h, a g o h p", need_replication_factors=("s", "e", "p"))
-  return call
+  """``_codes_call`` per device: groups and column pairs shardable, the 16 rows of a group and the 2 columns
+  of a pair together."""
+  return _partitioned_encoder(lambda amax, x4: _codes_call(amax, x4, f=f, safe=safe, interpret=interpret), 5,
+                              "a s, a g e h p -> a g e h, a g o h p", ("s", "e", "p"))
 
 
 def _shard_start(mesh, axes, local: int):
