@@ -112,6 +112,16 @@ def _positions(layout: str, shape, k_ref):
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 
 
+def _abs_bits(v):
+  """|v|'s fp32 bits as int32 (their order is |v|'s: maxima by integer max, NaN above every number)."""
+  return (formats.bits(v) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
+
+
+def _slice_amax_bits(xb):
+  """Each slice's max |x| (batch first) as :func:`_abs_bits`: XLA's reduce, before the kernels."""
+  return jnp.max(_abs_bits(formats.to_f32_exact(xb)), axis=tuple(range(1, xb.ndim)))
+
+
 def _threefry2x32(k1, k2, x1, x2):
   """jax's Threefry-2x32 hash of the counter words (x1, x2) under the key words (k1, k2), uint32 (the 20
   rounds of ``jax._src.random.threefry2x32``'s unrolled lowering)."""
@@ -166,7 +176,7 @@ def _rht_matrix(f: "Formulas", trailing: int = 1):
 def _rht_tile(f: "Formulas", xf, safe: bool):
   """``nvfp4._rht_exact`` of a (groups, 16, cols...) fp32 tile: tiny groups (max |x| < 2**-60) at 2**64 scale,
   the 16-term sums, one bf16 rounding back at the true size (fp32 values on the bf16 grid)."""
-  gmax = jnp.max((formats.bits(xf) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32), axis=1, keepdims=True)
+  gmax = jnp.max(_abs_bits(xf), axis=1, keepdims=True)
   tiny = gmax < int(np.float32(f.rht_tiny).view(np.int32))
   xs = (f.rht_upscale_safe if safe else f.rht_upscale_ieee)(xf, tiny)
   y = jnp.sum(jnp.expand_dims(xs, 2) * _rht_matrix(f, xf.ndim - 2), axis=1)
@@ -180,12 +190,10 @@ def _quantize_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   return jnp.where(neg, -mag, mag) * s8
 
 
-def _codes_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
+def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   """(k, neg, s8): E2M1 magnitude indices (fp32), signs and block scales (fp32, the block dims kept) of a tile
-  whose blocks lie along ``axis``."""
-  b = formats.bits(xf)
-  bamax = formats.from_bits(jnp.max((b & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32), axis=axis,
-                                    keepdims=True))
+  whose blocks lie along ``axis`` (one axis, or a tuple: 16x16 tiles)."""
+  bamax = formats.from_bits(jnp.max(_abs_bits(xf), axis=axis, keepdims=True))
   dec = jnp.minimum(f.mul_exact(bamax, c), np.float32(f.e4m3_max))
   s8 = formats.round_to_format(dec, E4M3, rint=_rint_nonnegative)
   s8 = jnp.where(jnp.isnan(dec), dec, s8)  # a NaN amax: NaN scales, as jnp.round keeps NaN
@@ -207,18 +215,23 @@ def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total
   v_ref[...] = v.astype(v_ref.dtype)
 
 
+def _packed_bytes(f: "Formulas", k, neg, s8, *, pair_axis: int):
+  """TE's bytes of a tile's codes: E2M1 codes two per byte along ``pair_axis`` (a column pair; even column in
+  the low nibble, as ``nvfp4.pack``) and the E4M3 scales' bytes (a non-negative E4M3 grid value's bit pattern
+  is its grid code; NaN: 0x7F, what a float8 cast gives)."""
+  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
+  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, pair_axis) * 4
+  packed = jnp.sum(codes << nibble, axis=pair_axis).astype(jnp.uint8)
+  return packed, jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
+
+
 def _codes_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
   scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
   xf = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
   c, s_dec = _scalars(f, a_ref[0])
-  k, neg, s8 = _codes_tile(f, xf, 1, c, s_dec, None, safe)
-  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
-  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, 3) * 4
-  d_ref[...] = jnp.sum(codes << nibble, axis=3).astype(jnp.uint8)
-  # E4M3's bit pattern of a non-negative grid value is its grid code; NaN: 0x7F (what a float8 cast gives)
-  e_ref[...] = jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
+  d_ref[...], e_ref[...] = _packed_bytes(f, *_codes_tile(f, xf, 1, c, s_dec, None, safe), pair_axis=3)
 
 
 def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
@@ -226,17 +239,14 @@ def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   amax over its rows and its 8 column pairs, the E2M1 codes two per byte along the columns (even column in the
   low nibble) and the tile's E4M3 scale byte."""
   c, s_dec = _scalars(f, a_ref[0])
-  k, neg, s8 = _codes_tile(f, formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
-  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
-  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, 4) * 4
-  d_ref[...] = jnp.sum(codes << nibble, axis=4).astype(jnp.uint8)
-  e_ref[...] = jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
+  k_neg_s8 = _codes_tile(f, formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
+  d_ref[...], e_ref[...] = _packed_bytes(f, *k_neg_s8, pair_axis=4)
 
 
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
   """Per tile column: max |RHT(x)| bits over its groups and 16 rows (the tensor amax's first step)."""
   y = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
-  m_ref[...] = jnp.max(jnp.max((formats.bits(y) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32), axis=1),
+  m_ref[...] = jnp.max(jnp.max(_abs_bits(y), axis=1),
                        axis=0, keepdims=True)
 
 
@@ -559,8 +569,7 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   e = xb.shape[0]
   if layout == ROWS:
     x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
-    bits = (formats.bits(formats.to_f32_exact(xb)) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
-    amax_bits = jnp.max(bits, axis=tuple(range(1, xb.ndim)))
+    amax_bits = _slice_amax_bits(xb)
   else:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
     amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2))
@@ -583,8 +592,7 @@ def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bo
   xb = x if batched else x[None]
   e, t, n = xb.shape
   if layout == TILES_2D:
-    bits = (formats.bits(formats.to_f32_exact(xb)) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
-    amax = formats.from_bits(jnp.max(bits, axis=(1, 2)))
+    amax = formats.from_bits(_slice_amax_bits(xb))
     x6 = xb.reshape(e, t // _BLOCK, _BLOCK, n // _BLOCK, 8, 2)
     packed, scale_bytes = _partitioned_tiles(f, flush_to_zero_safe, interpret)(amax[:, None], x6)
     packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
