@@ -66,10 +66,12 @@ from maxtext_nvfp4.core.formats import E2M1, E4M3
 __all__ = ["COLS_RHT", "Formulas", "ROWS", "codes_layout_of", "layout_of", "quantize_codes", "quantize_values"]
 
 _BLOCK = 16
-# Tile: up to 16 rows x 64 blocks (16K elements, 32 KiB of bf16 in, 32 KiB out): powers of two that divide
-# the operand (Triton blocks are powers of two; dividing ones need no masking).
+# Tile: up to 16 rows x 16 blocks (4096 elements, 8 KiB of bf16 in): powers of two that divide the operand
+# (Triton blocks are powers of two; dividing ones need no masking). Triton unrolls a tile's elements over
+# the program's threads: 64 blocks (16K elements) took XLA:GPU 2.8 s to compile with SR, 16 blocks 0.7 s
+# (benchmarks/RESULTS.md, 2026-12-04 05:30).
 _MAX_ROWS = 16
-_MAX_BLOCKS = 64
+_MAX_BLOCKS = 16
 _MAX_RHT_COLS = 32
 _MAX_TILES = 8  # 16x16 tiles (TILES_2D) per program: 16 rows x 128 columns
 
