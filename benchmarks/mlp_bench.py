@@ -58,6 +58,7 @@ from jax import lax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from maxtext_nvfp4.core import gemm  # pylint: disable=wrong-import-position
+from maxtext_nvfp4.core import prng  # pylint: disable=wrong-import-position
 
 VARIANTS = ("bf16", "nvfp4", "fp8", "sdg")
 # Ablations of the NVFP4 recipe (profiling: what each feature costs). Not run by default.
@@ -124,13 +125,14 @@ _FULL = gemm.GemmRecipe()
 _FP8 = gemm.GemmRecipe(fprop="fp8", dgrad="fp8", wgrad="fp8")
 
 
+# Each GEMM's SR key: fold_in(key, i), deferred as MaxText's plan.sr_key does (prng: the kernels apply it).
 def _nvfp4_dot(a, b, i, key):
-  return gemm.dot_general(a, b, DN, recipe=_FULL, key=jax.random.fold_in(key, i))
+  return gemm.dot_general(a, b, DN, recipe=_FULL, key=prng.fold_in(key, i))
 
 
 def _ablation_dot(name):
   recipe = ABLATIONS[name]
-  return lambda a, b, i, key: gemm.dot_general(a, b, DN, recipe=recipe, key=jax.random.fold_in(key, i))
+  return lambda a, b, i, key: gemm.dot_general(a, b, DN, recipe=recipe, key=prng.fold_in(key, i))
 
 
 def _fp8_dot(a, b, i, key):

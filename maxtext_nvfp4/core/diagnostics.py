@@ -57,6 +57,7 @@ import numpy as np
 from jax import lax
 
 from maxtext_nvfp4.core import nvfp4 as numerics
+from maxtext_nvfp4.core import prng
 
 __all__ = [
     "Aggregator",
@@ -265,7 +266,7 @@ def instrument(lhs, rhs, dimension_numbers, out, *, step, interval: int, group: 
   lax.cond(on, forward_stats, lambda *_: None, step, x, w)
   num_free_rhs = rhs.ndim - len(tuple(rc)) - num_batch
   use_sr = bool(stochastic) and key is not None
-  dy_key = jax.random.fold_in(key, _DY_KEY_TAG) if use_sr else jnp.zeros((), jnp.uint32)
+  dy_key = jax.random.fold_in(prng.resolve(key), _DY_KEY_TAG) if use_sr else jnp.zeros((), jnp.uint32)
   watch = _grad_watch(agg, group, num_free_rhs, use_sr, num_batch)
   return watch(out, step, on, dy_key)
 

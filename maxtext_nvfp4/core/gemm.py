@@ -92,6 +92,7 @@ from jax import lax
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as numerics
+from maxtext_nvfp4.core import prng
 from maxtext_nvfp4.core import recipe_options
 
 __all__ = ["AmaxGroups", "GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
@@ -195,8 +196,9 @@ class AmaxGroups:
 
 
 def sr_keys(key):
-  """The (dgrad, wgrad) stochastic-rounding keys derived from ``key``: fold_in 1 and 2."""
-  return jax.random.fold_in(key, _DGRAD_KEY_TAG), jax.random.fold_in(key, _WGRAD_KEY_TAG)
+  """The (dgrad, wgrad) stochastic-rounding keys derived from ``key``: fold_in 1 and 2 (``prng.fold_in``: for a
+  Threefry key, applied where the bits are drawn)."""
+  return prng.fold_in(key, _DGRAD_KEY_TAG), prng.fold_in(key, _WGRAD_KEY_TAG)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,7 +245,8 @@ def _quantize_grouped(fn, a, groups: tuple[int, int], key=None):
   parts = _split_groups(a, gr, gc)
   if key is None:
     return jax.vmap(jax.vmap(lambda blk: fn(blk, None)))(parts)
-  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(gr * gc)).reshape((gr, gc) + key.shape)
+  keys = jax.vmap(lambda i: prng.fold_in(key, i))(jnp.arange(gr * gc))
+  keys = jax.tree_util.tree_map(lambda k: k.reshape((gr, gc) + k.shape[1:]), keys)
   return jax.vmap(jax.vmap(fn))(parts, keys)
 
 
@@ -691,6 +694,6 @@ def dot_general(
   if not lb:
     y = _gemm2d(static, x[0], w[0], use_switched, key)
   else:
-    keys = None if key is None else jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(b))
+    keys = None if key is None else jax.vmap(lambda i: prng.fold_in(key, i))(jnp.arange(b))
     y = jax.vmap(lambda xi, wi, ki: _gemm2d(static, xi, wi, use_switched, ki))(x, w, keys)
   return y.reshape(batch_shape + lf_shape + rf_shape)

@@ -109,7 +109,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from maxtext_nvfp4.core import formats, nvfp4_triton
+from maxtext_nvfp4.core import formats, nvfp4_triton, prng
 from maxtext_nvfp4.core.formats import E2M1, E4M3, FLT_MAX, round_to_bf16, round_to_format
 from maxtext_nvfp4.core.formats import F32_ABS_MASK as _F32_ABS_MASK
 from maxtext_nvfp4.core.formats import F32_EXP_MASK as _F32_EXP_MASK
@@ -299,7 +299,7 @@ def _random_bytes(key, shape, per_element: bool | None = None):
   on CPU, per element elsewhere).
   """
   shape = tuple(shape)
-  k = jax.random.bits(key, (2,), jnp.uint32)
+  k = jax.random.bits(prng.resolve(key), (2,), jnp.uint32)
   per_word = 4 if shape and shape[-1] % 4 == 0 else 1
   wshape = shape[:-1] + (shape[-1] // per_word,) if shape else ()
   hash_words = lambda idx: _lowbias32(_lowbias32(idx + k[0]) ^ k[1])  # noqa: E731
@@ -510,8 +510,8 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
     block_2d: 16x16 tiles over the last two axes (TE's weight path, ``NVFP4_2D_SCALING``).
     rht: apply TE's 16-point RHT along ``axis`` first (the wgrad operands); the amax is then the
       post-RHT amax and the result stays in the RHT domain.
-    stochastic_key: a ``jax.random`` key for stochastic rounding of the elements (gradients);
-      ``None`` means RNE.
+    stochastic_key: a ``jax.random`` key (or a :class:`prng.FoldedKey`) for stochastic rounding of the
+      elements (gradients); ``None`` means RNE.
     scale_rule: how the scales are chosen (:class:`ScaleRule`; None: TE's standard rule). With 16x16
       tiles and 4over6, ``axis`` is the axis along which each tile row's error is summed (TE's rowwise
       copy of a matrix: the last axis; its columnwise copy: axis 0).
@@ -835,7 +835,11 @@ def _kernel_unless_vmapped(kernel, xla, *args):
     vxla = _vmapped(xla, in_batched)
     if not in_batched[0] or nvfp4_triton.explicitly_sharded(x):  # the key alone batched; a sharded batch type
       return vxla(x, *key)
-    key_batched = bool(key) and bool(in_batched[1])
+    key_leaves = jax.tree_util.tree_leaves(in_batched[1:])
+    key_batched = any(key_leaves)
+    if key_batched and not all(key_leaves):  # a FoldedKey's start key shared, its fold data per slice
+      key = jax.tree_util.tree_map(lambda a, b: a if b else jnp.broadcast_to(a, x.shape[:1] + a.shape), key,
+                                   tuple(in_batched[1:]))
     once = lambda x, *key: kernel(x, *key, batched=True, key_batched=key_batched)  # noqa: E731
     return _with_vmap_rule(once, lambda inner, *a: _vmapped(vxla, inner)(*a), x, *key)
 
@@ -843,7 +847,7 @@ def _kernel_unless_vmapped(kernel, xla, *args):
 
 
 def _vmapped(fn, in_batched):
-  return jax.vmap(fn, in_axes=tuple(0 if b else None for b in in_batched))
+  return jax.vmap(fn, in_axes=tuple(jax.tree_util.tree_map(lambda b: 0 if b else None, b) for b in in_batched))
 
 
 def _with_vmap_rule(fn, rule, *args):

@@ -28,7 +28,8 @@ the same operations give the same bits. Differences of form, each exact: the enc
 (``nvfp4._encode_from_e4m3_parts``, the row-scaled path's) instead of a lookup in the 127-entry table (Triton
 has no gather; the table is the same function of each E4M3 value); SR's two key words
 ``jax.random.bits(key, (2,), uint32)`` from the Threefry key's words by jax's 20 rounds in the kernel
-(:func:`_threefry_bits2`: each of jax's own costs XLA:GPU seconds of compile); round half to even as
+(:func:`_threefry_bits2`: each of jax's own costs XLA:GPU seconds of compile), after the key's deferred
+``fold_in`` chain (``prng.FoldedKey``: one ``threefry2x32`` of ``(0, data)`` per fold); round half to even as
 :func:`_rint_nonnegative` (Triton has no ``round``); the RHT matrix from iotas (a kernel captures no array
 constant). The RHT's 16-term fp32 sums run in Triton's order: bit-exact wherever they do not depend on the
 order (nvfp4's RHT contract). ``fl(|x| * enc)`` and the tiny-group upscale are the plain IEEE forms, as on
@@ -60,7 +61,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from maxtext_nvfp4.core import formats
+from maxtext_nvfp4.core import formats, prng
 from maxtext_nvfp4.core.formats import E2M1, E4M3
 
 __all__ = ["COLS_RHT", "Formulas", "ROWS", "codes_layout_of", "layout_of", "quantize_codes", "quantize_values"]
@@ -101,13 +102,14 @@ _BLOCK_AXIS = {ROWS: 2, COLS_RHT: 1}
 
 def _positions(layout: str, shape, k_ref):
   """(t, n): each tile element's row and column in its slice's 2D view (T, N), uint32, from the shard's
-  first (row, column) in ``k_ref[2:4]`` and the tile's place in the grid (batch, i, j)."""
+  first (row, column) in ``k_ref``'s last two entries and the tile's place in the grid (batch, i, j)."""
   a, b, c = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(3))
-  t0 = k_ref[2] + (pl.program_id(1) * shape[0]).astype(jnp.uint32) * np.uint32(1 if layout == ROWS else _BLOCK)
+  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
+  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32) * np.uint32(1 if layout == ROWS else _BLOCK)
   if layout == ROWS:  # (rows, blocks, 16)
-    n0 = k_ref[3] + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
+    n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
     return t0 + a, n0 + b * np.uint32(_BLOCK) + c
-  n0 = k_ref[3] + (pl.program_id(2) * shape[2]).astype(jnp.uint32)  # (groups, 16, cols)
+  n0 = first_n + (pl.program_id(2) * shape[2]).astype(jnp.uint32)  # (groups, 16, cols)
   return t0 + a * np.uint32(_BLOCK) + b, n0 + c
 
 
@@ -148,14 +150,19 @@ def _threefry_bits2(k1, k2, partitionable: bool):
   return _threefry2x32(k1, k2, zero, np.uint32(1))
 
 
-def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int, threefry: bool | None):
+def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int, threefry: bool | None, folds: int):
   """``u = byte / 256`` of ``nvfp4._random_bytes(key, (T, N))`` for this tile: the same per-element form,
   ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N / 4) + n div 4`` (uint32, wrapping like
-  ``nvfp4._word_index``); ``k_ref`` = (key word 0, key word 1, first row, first column) of the shard: the
-  Threefry key's words, (k0, k1) computed here by :func:`_threefry_bits2` (``threefry``: the partitionable
-  flag), or (``threefry`` None) (k0, k1) themselves; ``n_total``: N of the whole operand (the tile may be a
-  shard's)."""
-  k0, k1 = (k_ref[0], k_ref[1]) if threefry is None else _threefry_bits2(k_ref[0], k_ref[1], threefry)
+  ``nvfp4._word_index``); ``k_ref`` = (key word 0, key word 1, fold data 0 .. ``folds - 1``, zeros, first row,
+  first column) of the shard: the Threefry key's words, each fold ``(w0, w1) = threefry2x32((w0, w1),
+  (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`_threefry_bits2` (``threefry``: the
+  partitionable flag); or (``threefry`` None, no folds) (k0, k1) themselves; ``n_total``: N of the whole
+  operand (the tile may be a shard's)."""
+  k0, k1 = k_ref[0], k_ref[1]
+  for i in range(folds):
+    k0, k1 = _threefry2x32(k0, k1, np.uint32(0), k_ref[2 + i])
+  if threefry is not None:
+    k0, k1 = _threefry_bits2(k0, k1, threefry)
   t, n = _positions(layout, shape, k_ref)
   word = t * np.uint32(n_total // 4) + n // np.uint32(4)
   h = f.hash32(f.hash32(word + k0) ^ k1)
@@ -206,12 +213,13 @@ def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   return k, neg, s8
 
 
-def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None):
+def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None,
+                   folds: int):
   k_ref, x_ref, v_ref = refs if len(refs) == 3 else (None,) + refs
   xf = formats.to_f32_exact(x_ref[...])
   if layout == COLS_RHT:
     xf = _rht_tile(f, xf, safe)
-  u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total, threefry)
+  u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total, threefry, folds)
   c, s_dec = _scalars(f, a_ref[0])
   v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], c, s_dec, u, safe)
   v_ref[...] = v.astype(v_ref.dtype)
@@ -270,14 +278,15 @@ def _per_slice(a):
 
 
 def _values_call(amax, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
-                 threefry: bool | None):
+                 threefry: bool | None, folds: int = 0):
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
-  SR's (key word 0, key word 1, first row, first column) per slice (batch, 4), or None (RNE); ``threefry``:
-  as :func:`_sr_fraction`."""
+  SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
+  of two), or None (RNE); ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
   operands = (amax, x3) if keys is None else (amax, keys, x3)
   return pl.pallas_call(
-      functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry),
+      functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
+                        folds=folds),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
       in_specs=[_per_slice(a) for a in operands[:-1]] + [pl.BlockSpec((None,) + tile, index)],
@@ -404,7 +413,8 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
                         threefry: bool | None):
   """``_values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks with
   its slice's amax; SR positions are the global ones (the shard's first row and column, from the mesh
-  axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not."""
+  axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not. ``seeds``:
+  (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`)."""
 
   def on_shard(amax, seeds, x3, mesh=None, spec=(None, None, None, None)):
     keys = None
@@ -412,9 +422,12 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
       # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
       (dt, ut), (dn, un) = ((1, 1), (2, _BLOCK)) if layout == ROWS else ((1, _BLOCK), (3, 1))
       t0, n0 = (_shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit) for d, unit in ((dt, ut), (dn, un)))
-      keys = jnp.concatenate([seeds, jnp.broadcast_to(jnp.stack([t0, n0]), (seeds.shape[0], 2))], axis=1)
+      width = 1 << (seeds.shape[1] + 1).bit_length()  # a power of two >= 2 + F + 2 (Triton's blocks)
+      keys = jnp.pad(seeds, ((0, 0), (0, width - seeds.shape[1])))
+      col = lax.broadcasted_iota(jnp.uint32, keys.shape, 1)  # elementwise: XLA fuses it with the seeds' producer
+      keys = keys + jnp.where(col == width - 2, t0, np.uint32(0)) + jnp.where(col == width - 1, n0, np.uint32(0))
     return _values_call(amax, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
-                        n_total=n_total, threefry=threefry)
+                        n_total=n_total, threefry=threefry, folds=seeds.shape[1] - 2)
 
   def run(amax, seeds, x3):  # custom_partitioning binds every parameter of its function: three
     return on_shard(amax, seeds, x3)
@@ -538,21 +551,20 @@ def _scalars(f: Formulas, amax):
 
 
 def _seeds(stochastic_key, batch: int, key_batched: bool):
-  """(words (batch, 2) uint32, threefry) for SR's two key words of each slice (of each slice's key, or of the
-  one key for every slice), ``jax.random.bits(key, (2,), uint32)`` as ``nvfp4._random_bytes`` draws them: for
-  a Threefry key its two key words, the kernel computing the bits (``threefry``: jax's partitionable flag);
-  for another PRNG the bits themselves (``threefry`` None). Zeros for RNE."""
+  """(seeds (batch, 2 + F) uint32, threefry) for SR's two key words of each slice (of each slice's key, or of
+  the one key for every slice), ``jax.random.bits(key, (2,), uint32)`` as ``nvfp4._random_bytes`` draws them:
+  for a Threefry key (or ``prng.FoldedKey``) its two key words and its F fold data, the kernel computing the
+  folds and the bits (``threefry``: jax's partitionable flag); for another PRNG the bits themselves (F = 0,
+  ``threefry`` None). Zeros for RNE."""
   if stochastic_key is None:
     return jnp.zeros((batch, 2), jnp.uint32), None
-  typed = jax.dtypes.issubdtype(stochastic_key.dtype, jax.dtypes.prng_key)
-  impl = str(jax.random.key_impl(stochastic_key)) if typed else jax.config.jax_default_prng_impl
-  if impl == "threefry2x32":
-    words, threefry = (jax.random.key_data(stochastic_key) if typed else stochastic_key), bool(
-        jax.config.jax_threefry_partitionable)
+  if prng.is_threefry(stochastic_key):
+    words, data = prng.split_chain(stochastic_key)
+    seeds, threefry = jnp.concatenate([words, data], axis=-1), bool(jax.config.jax_threefry_partitionable)
   else:
-    words, threefry = jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(
-        stochastic_key if key_batched else stochastic_key[None]), None
-  return (words if key_batched else jnp.broadcast_to(words.reshape(-1, 2)[0], (batch, 2))), threefry
+    bits = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
+    seeds, threefry = (jax.vmap(bits) if key_batched else bits)(prng.resolve(stochastic_key)), None
+  return (seeds if key_batched else jnp.broadcast_to(seeds, (batch,) + seeds.shape)), threefry
 
 
 def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: Formulas, batched: bool = False,

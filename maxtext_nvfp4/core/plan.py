@@ -346,15 +346,18 @@ class FpropPlan:
 
 
 def sr_key(seed: int, step, layer: int | None, role: str):
-  """``fold_in(fold_in(fold_in(key(seed), step), layer), ROLE_IDS[role])`` (threefry; no layer fold if None).
+  """``fold_in(fold_in(fold_in(key(seed), step), layer), ROLE_IDS[role])`` (threefry; no layer fold if None),
+  as a ``prng.FoldedKey``: the folds are applied where the bits are drawn.
 
   Depends on nothing but the step in the (restored) train state, so a resumed run draws the same bits.
   """
   import jax  # pylint: disable=import-outside-toplevel  (keep the plan importable without JAX)
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
+  from maxtext_nvfp4.core import prng  # pylint: disable=import-outside-toplevel
+
   key = jax.random.key(seed, impl="threefry2x32")
-  key = jax.random.fold_in(key, jnp.asarray(step, jnp.uint32))
+  key = prng.fold_in(key, jnp.asarray(step, jnp.uint32))
   if layer is not None:
-    key = jax.random.fold_in(key, layer)
-  return jax.random.fold_in(key, ROLE_IDS[role])
+    key = prng.fold_in(key, layer)
+  return prng.fold_in(key, ROLE_IDS[role])

@@ -224,6 +224,7 @@ def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import prng  # pylint: disable=import-outside-toplevel
 
   device = _device_index()
   n = rhs.shape[2] // len(gemms)
@@ -233,7 +234,7 @@ def _emulated(gemms, lhs, rhs, group_sizes, out_dtype):
     training, step, use_switched, key = traced.step_inputs(g.layer, g.role, g.seed, g.recipe, g.switched,
                                                            g.switch_step)
     if device is not None:
-      key = jax.random.fold_in(key, device)
+      key = prng.fold_in(key, device)
     outs.append(grouped_gemm.ragged_dot(lhs, w, group_sizes, recipe=g.recipe, switched=g.switched,
                                         use_switched=use_switched, key=key, preferred_element_type=out_dtype,
                                         observe=traced.diagnostics_observer(g.recipe, group=g.diag_group,

@@ -21,6 +21,7 @@ import pytest
 
 from maxtext_nvfp4.core import nvfp4 as nv
 from maxtext_nvfp4.core import nvfp4_triton as nt
+from maxtext_nvfp4.core import prng
 
 
 def _operand(rng, shape, dtype, specials=True):
@@ -198,6 +199,37 @@ def test_sr_kernel_with_another_prng_or_a_raw_key(impl):
   assert _same(got_v, want_v) and _same(got_amax, want_amax)
 
 
+def _jax_chain(key, data):
+  for d in data:
+    key = jax.random.fold_in(key, d)
+  return key
+
+
+@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("partitionable", [True, False])
+@pytest.mark.parametrize("data", [[2], [5, 1, 2], [0, 2**32 - 1, 3, 9, 4, 1]], ids=["1 fold", "3 folds", "6 folds"])
+def test_kernel_applies_a_folded_keys_chain_as_jax_fold_in(layout, partitionable, data):
+  """A FoldedKey's fold data reach the kernel (the last one traced), which applies them to the key's words: the
+  bits of the key jax.random.fold_in derives."""
+  x = _slices_operand(layout, np.random.default_rng(41), n=1)[0]
+  base = jax.random.key(42)
+
+  def kernel(x, last):
+    key = base
+    for d in data[:-1]:
+      key = prng.fold_in(key, d)
+    key = prng.fold_in(key, last)
+    return nv._quantize_values_triton(x, jnp.bfloat16, layout, key, interpret=True, flush_to_zero_safe=True)
+
+  with jax.threefry_partitionable(partitionable):
+    got_v, got_amax = jax.jit(kernel)(x, jnp.uint32(data[-1]))
+    want_v, want_amax = nv.quantize_values(x, stochastic_key=_jax_chain(base, data), **_slice_kwargs(layout))
+    other_v, _ = nv.quantize_values(x, stochastic_key=_jax_chain(base, data[:-1] + [data[-1] + 1]),
+                                    **_slice_kwargs(layout))
+  assert _same(got_amax, want_amax) and _same(got_v, want_v)
+  assert not _same(got_v, other_v)  # the last fold matters
+
+
 def _slices_operand(layout, rng, n=3):
   """n independent operands stacked (a batch of experts): each its own exponent range, so each slice has its
   own amax and block scales."""
@@ -254,6 +286,20 @@ def _pallas_calls(fn, *args):
 
 
 @pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+def test_vmap_over_fold_data_runs_the_batched_kernel(layout):
+  """MoE's experts: one start key for every slice, each slice's own fold (vmapped data) -- the start key is
+  broadcast to the batch and the batched kernel gives each slice the bits of its jax.random.fold_in key."""
+  x = _slices_operand(layout, np.random.default_rng(43), n=4)
+  base = jax.random.key(44)
+  fn = jax.vmap(lambda xi, i: _vmappable(layout)(xi, prng.fold_in(prng.fold_in(base, 7), i)))
+  assert _pallas_calls(fn, x, jnp.arange(4)) == (1 if layout == nt.ROWS else 2)
+  got_v, got_amax = jax.jit(fn)(x, jnp.arange(4))
+  for i in range(4):
+    want_v, want_amax = nv.quantize_values(x[i], stochastic_key=_jax_chain(base, [7, i]), **_slice_kwargs(layout))
+    assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax), i
+
+
+@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
 def test_vmap_runs_the_batched_kernel_and_a_second_vmap_the_xla_form(layout):
   x = _slices_operand(layout, np.random.default_rng(25), n=4)
   keys = jax.random.split(jax.random.key(26), 4)
@@ -273,8 +319,13 @@ def test_vmap_runs_the_batched_kernel_and_a_second_vmap_the_xla_form(layout):
 _SHARDED = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from maxtext_nvfp4.core import nvfp4 as nv, nvfp4_triton as nt
+from maxtext_nvfp4.core import nvfp4 as nv, nvfp4_triton as nt, prng
 assert jax.device_count() == 4, jax.devices()
+def folded(seed, *data):  # (a FoldedKey, the key jax.random.fold_in derives)
+  f = j = jax.random.key(seed)
+  for d in data:
+    f, j = prng.fold_in(f, d), jax.random.fold_in(j, d)
+  return f, j
 mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((64, 512)) * np.exp2(rng.integers(-10, 10, (64, 1))), jnp.bfloat16)
@@ -282,9 +333,9 @@ kernel = jax.jit(lambda x, k: nv._quantize_values_triton(
     x, jnp.bfloat16, nt.ROWS, k, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
-  for key in [None, jax.random.key(3)]:
+  for key, ref in [(None, None), (jax.random.key(3),) * 2 if spec == P("a", "b") else folded(3, 9, 2)]:
     got, amax = kernel(xs, key)
-    want, want_amax = nv.quantize_values(x, stochastic_key=key)
+    want, want_amax = nv.quantize_values(x, stochastic_key=ref)
     assert got.sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), (got.sharding.spec, spec)
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), (spec, key)
     assert np.asarray(amax) == np.asarray(want_amax)
@@ -293,9 +344,9 @@ rht = jax.jit(lambda x, k: nv._quantize_values_triton(
     x, jnp.bfloat16, nt.COLS_RHT, k, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
-  for key in [None, jax.random.key(5)]:
+  for key, ref in [(None, None), (jax.random.key(5),) * 2 if spec == P("a", "b") else folded(5, 1, 2, 3)]:
     got, amax = rht(xs, key)
-    want, want_amax = nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)
+    want, want_amax = nv.quantize_values(x, axis=0, rht=True, stochastic_key=ref)
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), ("rht", spec, key)
     assert np.asarray(amax) == np.asarray(want_amax), ("rht", spec)
     assert "all-gather" not in rht.lower(xs, key).compile().as_text(), ("rht", spec)
