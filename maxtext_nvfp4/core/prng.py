@@ -8,9 +8,8 @@ about 120 scalar integer instructions, which XLA:GPU fuses into its consumers an
 benchmarks/RESULTS.md, 2026-12-04).
 
 :func:`fold_in` of a Threefry key therefore returns a :class:`FoldedKey` -- the key and its fold data -- and
-the consumer resolves it: the XLA form with ``jax.random.fold_in`` itself (:func:`resolve`, the same HLO as
-before), the Pallas kernels (``nvfp4_triton``) from the key's words by the same 20 rounds per fold, computed
-per program. The bits are the same either way (``tests/core/test_nvfp4_triton.py`` checks the kernels'
+the consumer resolves it: the XLA form with ``jax.random.fold_in`` itself (:func:`resolve`), the Pallas
+kernels (``nvfp4_triton``) from the key's words by the same 20 rounds per fold, computed per program. The bits are the same either way (``tests/core/test_nvfp4_triton.py`` checks the kernels'
 chain against ``jax.random.fold_in``). Any other PRNG's key is folded at once by ``jax.random.fold_in``.
 """
 
