@@ -6,7 +6,7 @@
 #   stage  what                                                                    limit  (STAGES, T_<STAGE>)
 #   setup  install the wheel bundle .whl/ into $SITE (skipped when maxtext imports)    30 s
 #   env    date, commit, GPU, jax; stop here unless jax sees the expected platform     15 s
-#   tests  bit-exactness on the GPU backend: tests/core/test_numerics.py, test_gemm.py
+#   tests  bit-exactness on the GPU backend: tests/core/test_numerics.py, test_gemm.py, test_prng.py
 #          (less its 2 slowest non-bit tests), test_quantizer_hlo.py; pytest -n 8     90 s
 #   mlp    mlp_bench.py SwiGLU 8192x4096x14336 fwd+bwd bf16/nvfp4/fp8/sdg, one process
 #          per variant (correctness check first, compiled memory, device peak)       110 s
@@ -207,7 +207,7 @@ if [ "$MODE" = cpu ]; then
     --set base_num_query_heads=4 --set base_num_kv_heads=4 --set base_mlp_dim=256 --set base_moe_mlp_dim=256 \
     --set base_num_decoder_layers=2 --set vocab_size=1024 --set max_target_length=64 --set per_device_batch_size=1"
 else
-  TESTS_ARGS="tests/core/test_numerics.py tests/core/test_fp8.py tests/core/test_gemm.py tests/core/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
+  TESTS_ARGS="tests/core/test_numerics.py tests/core/test_fp8.py tests/core/test_gemm.py tests/core/test_prng.py tests/core/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
   MLP_SHAPE="--preset h200" MLP_TIMING="--warmup 3 --iters 20"
   QUANT_SHAPE=8192x4096 QUANT_ARGS="--shapes 8192x4096,8192x14336 --iters 10 --warmup 2"
   STEP_ARGS="--preset gpu-llama3-8b-4layer --steps 20 --skip 8"
