@@ -42,9 +42,11 @@ __all__ = [
     "F32_ABS_MASK",
     "F32_EXP_MASK",
     "F32_MANT_MASK",
+    "F32_SIGN_MASK",
     "FLT_MAX",
     "FloatFormat",
     "bits",
+    "copysign",
     "div_rn",
     "divide_significands",
     "from_bits",
@@ -53,6 +55,8 @@ __all__ = [
     "grid_value",
     "host_significand",
     "is_zero",
+    "min_nan",
+    "negate_where",
     "pow2",
     "quotient_bits",
     "round_to_bf16",
@@ -66,6 +70,7 @@ FLT_MAX = float(np.finfo(np.float32).max)
 F32_EXP_MASK = 0x7F800000
 F32_MANT_MASK = 0x007FFFFF
 F32_ABS_MASK = 0x7FFFFFFF
+F32_SIGN_MASK = 0x80000000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +106,25 @@ def bits(v):
 def from_bits(b):
   """The fp32 value of the bit pattern ``b`` (any integer dtype, taken as uint32)."""
   return lax.bitcast_convert_type(b.astype(jnp.uint32), jnp.float32)
+
+
+# Sign and NaN forms that give the same bits under every lowering: Pallas's Triton lowering (the kernels of
+# nvfp4_triton) negates a float as ``0 - x`` (-0.0 becomes +0.0) and takes min as ``minnum`` (a NaN operand
+# yields the other one), where XLA flips the sign bit and propagates NaN. Seen on the H200, 2026-12-04.
+def copysign(mag, sign_of):
+  """``jnp.copysign(mag, sign_of)`` for fp32 (NaN included), by bits."""
+  return from_bits((bits(mag) & np.uint32(F32_ABS_MASK)) | (bits(sign_of) & np.uint32(F32_SIGN_MASK)))
+
+
+def negate_where(v, neg):
+  """``where(neg, -v, v)`` for fp32, by flipping the sign bit (exact for ±0)."""
+  return from_bits(bits(v) ^ jnp.where(neg, np.uint32(F32_SIGN_MASK), np.uint32(0)))
+
+
+def min_nan(a, bound):
+  """``jnp.minimum(a, bound)`` for a non-NaN, nonzero ``bound``: a compare and a select (``NaN >= bound`` is
+  false, so a NaN ``a`` stays)."""
+  return jnp.where(a >= bound, bound, a)
 
 
 def pow2(e):
@@ -269,8 +293,8 @@ def round_to_format(v, fmt: FloatFormat, *, rint=jnp.round) -> jax.Array:
   e = jnp.minimum(e, 127)
   # a * 2**-k instead of a / 2**k: both exact, but only the product is exact by contract on XLA:GPU
   # (its fp32 division is the approximate div.full; see div_rn).
-  r = jnp.minimum(rint(a * pow2(fmt.mantissa_bits - e)) * pow2(e - fmt.mantissa_bits), np.float32(fmt.max))
-  return jnp.copysign(r, v)
+  r = min_nan(rint(a * pow2(fmt.mantissa_bits - e)) * pow2(e - fmt.mantissa_bits), np.float32(fmt.max))
+  return copysign(r, v)
 
 
 def round_to_bf16(v):

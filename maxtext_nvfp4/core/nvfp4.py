@@ -242,7 +242,7 @@ def _split_subnormal(v):
   b = _bits(v)
   is_sub = (b & _F32_EXP_MASK) == 0
   mant = (b & _F32_MANT_MASK).astype(jnp.int32).astype(jnp.float32) * np.float32(2.0**-23)
-  m = jnp.where(is_sub, jnp.where((b >> 31) == 1, -mant, mant), v)
+  m = jnp.where(is_sub, formats.copysign(mant, v), v)
   k = jnp.where(is_sub, jnp.int32(-126), jnp.int32(0))
   return m, k
 
@@ -690,7 +690,7 @@ def _e2m1_code_of_product(xb, enc, u=None, *, product=None, rint=jnp.round):
     y = lax.platform_dependent(b, enc, cuda=_abs_times_enc_ieee, default=_abs_times_enc_flush_to_zero_safe)
   else:
     y = product(b, enc)
-  a = jnp.minimum(y, np.float32(E2M1_MAX))  # NaN stays NaN
+  a = formats.min_nan(y, np.float32(E2M1_MAX))  # NaN stays NaN
   k = formats.grid_index(a, E2M1, u, rint=rint)
   nan = jnp.isnan(a)
   k = jnp.where(nan, np.float32(7.0), k)
@@ -894,7 +894,7 @@ def _quantize_triton(x, layout=nvfp4_triton.COLS_RHT, *, key_batched: bool = Fal
 def _quantize_values_xla(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule | None = None):
   k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
   mag = formats.grid_value(k, E2M1)
-  v = jnp.where(neg, -mag, mag) * s8
+  v = formats.negate_where(mag, neg) * s8
   if rule is not None and rule.row_scaled:
     amax = amax.reshape(x.shape[:axis_n] + (1,) + x.shape[axis_n + 1:])
   return v.astype(dtype).reshape(x.shape), amax

@@ -196,14 +196,14 @@ def _quantize_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
   """The values ``±grid(k) * s8`` of a tile whose blocks lie along ``axis`` (fp32, on x's grid)."""
   k, neg, s8 = _codes_tile(f, xf, axis, c, s_dec, u, safe)
   mag = formats.grid_value(k, E2M1)
-  return jnp.where(neg, -mag, mag) * s8
+  return formats.negate_where(mag, neg) * s8
 
 
 def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   """(k, neg, s8): E2M1 magnitude indices (fp32), signs and block scales (fp32, the block dims kept) of a tile
   whose blocks lie along ``axis`` (one axis, or a tuple: 16x16 tiles)."""
   bamax = formats.from_bits(jnp.max(_abs_bits(xf), axis=axis, keepdims=True))
-  dec = jnp.minimum(f.mul_exact(bamax, c), np.float32(f.e4m3_max))
+  dec = formats.min_nan(f.mul_exact(bamax, c), np.float32(f.e4m3_max))
   s8 = formats.round_to_format(dec, E4M3, rint=_rint_nonnegative)
   s8 = jnp.where(jnp.isnan(dec), dec, s8)  # a NaN amax: NaN scales, as jnp.round keeps NaN
   k8, j8 = f.e4m3_parts(jnp.where(jnp.isnan(s8), np.float32(0.0), s8))

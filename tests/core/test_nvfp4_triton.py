@@ -423,6 +423,50 @@ def test_vmapped_rht_quantize_takes_the_xla_form_per_slice():
     assert _same(got.amax[i], want.amax)
 
 
+def _kernel_jaxprs(jaxpr):
+  """The kernel bodies of every pallas_call in ``jaxpr`` (through custom_partitioning, vmap rules, jit)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "pallas_call":
+      yield eqn.params["jaxpr"]
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          yield from _kernel_jaxprs(sub)
+
+
+def _float_ops(jaxpr, names):
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name in names and any(jnp.issubdtype(v.aval.dtype, jnp.floating) for v in eqn.invars):
+      out.append(f"{eqn.primitive.name} at {jax._src.source_info_util.summarize(eqn.source_info)}")
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          out += _float_ops(sub, names)
+  return out
+
+
+def test_kernels_use_no_float_neg_min_or_max():
+  """Pallas's Triton lowering negates a float as ``0 - x`` (-0.0 becomes +0.0) and lowers min/max as
+  minnum/maxnum (a NaN operand yields the other one); Pallas's interpreter, like XLA, flips the sign bit and
+  propagates NaN. So the CPU tests cannot see those differences, and the kernels must not contain such ops
+  (``formats.negate_where``, ``copysign``, ``min_nan`` instead; on the H200 they had cost signed zeros and NaN
+  scales, 2026-12-04)."""
+  f = nv._triton_formulas()
+  x, key = jnp.zeros((64, 256), jnp.bfloat16), jax.random.key(0)
+  calls = [lambda x, k: nt.quantize_values(x, jnp.bfloat16, nt.ROWS, k, formulas=f),
+           lambda x, k: nt.quantize_values(x, jnp.bfloat16, nt.COLS_RHT, k, formulas=f),
+           lambda x, k: nt.quantize_codes(x, nt.COLS_RHT, formulas=f),
+           lambda x, k: nt.quantize_codes(x, nt.TILES_2D, formulas=f)]
+  for call in calls:
+    kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
+    assert kernels, "no pallas_call found: the check would pass vacuously"
+    for kernel in kernels:
+      assert not _float_ops(kernel, ("neg", "min", "max")), _float_ops(kernel, ("neg", "min", "max"))
+
+
 def test_layout_only_where_a_kernel_computes_the_call():
   x = jnp.zeros((32, 64), jnp.bfloat16)
   assert nt.layout_of(x, 1, False, False, None) == nt.ROWS
