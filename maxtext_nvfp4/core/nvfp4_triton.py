@@ -256,8 +256,7 @@ def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
   """Per tile column: max |RHT(x)| bits over its groups and 16 rows (the tensor amax's first step)."""
   y = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
-  m_ref[...] = jnp.max(jnp.max(_abs_bits(y), axis=1),
-                       axis=0, keepdims=True)
+  m_ref[...] = jnp.max(jnp.max(_abs_bits(y), axis=1), axis=0, keepdims=True)
 
 
 def _tiles(layout: str, shape):
@@ -278,7 +277,7 @@ def _per_slice(a):
 
 
 def _values_call(amax, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
-                 threefry: bool | None, folds: int = 0):
+                 threefry: bool | None, folds: int):
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
   SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
   of two), or None (RNE); ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
@@ -482,12 +481,17 @@ def explicitly_sharded(x) -> bool:
   return any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ())
 
 
+def _kernel_operand(x, rule) -> bool:
+  """What every kernel needs: TE's standard rule, a non-empty bf16 or fp32 operand whose type carries no
+  sharding."""
+  return rule is None and not explicitly_sharded(x) and x.size > 0 and x.dtype in (jnp.bfloat16, jnp.float32)
+
+
 def layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
   """The kernel layout that computes this ``quantize_values`` call, or None (the XLA form): TE's standard rule,
   1x16 blocks along the last axis (:data:`ROWS`), or with RHT along axis 0 of a 2D operand whose columns
   are a multiple of 4 (:data:`COLS_RHT`); bf16 or fp32."""
-  if rule is not None or block_2d or explicitly_sharded(x) or x.size == 0 or x.dtype not in (jnp.bfloat16,
-                                                                                              jnp.float32):
+  if block_2d or not _kernel_operand(x, rule):
     return None
   if not rht and x.ndim >= 1 and axis_n == x.ndim - 1:
     return ROWS
@@ -500,8 +504,8 @@ def codes_layout_of(x, axis_n, block_2d: bool, rht: bool, rule) -> str | None:
   """The kernel layout that computes this ``quantize`` call (TE's byte layout), or None (the XLA form): RHT
   along axis 0 of a 2D operand with an even number of columns that is a multiple of 4 (:data:`COLS_RHT`), or
   16x16 tiles of a 2D operand whose sides are multiples of 16 (:data:`TILES_2D`: W), TE's standard rule."""
-  if (block_2d and not rht and rule is None and x.ndim == 2 and x.shape[0] % _BLOCK == 0 and x.shape[1] % _BLOCK == 0
-      and x.size and x.dtype in (jnp.bfloat16, jnp.float32) and not explicitly_sharded(x)):
+  if (block_2d and not rht and x.ndim == 2 and x.shape[0] % _BLOCK == 0 and x.shape[1] % _BLOCK == 0
+      and _kernel_operand(x, rule)):
     return TILES_2D
   return COLS_RHT if layout_of(x, axis_n, block_2d, rht, rule) == COLS_RHT and x.shape[1] % 2 == 0 else None
 

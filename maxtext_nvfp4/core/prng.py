@@ -39,18 +39,21 @@ class FoldedKey:
     return tuple(self.data.shape[:-1])
 
 
+def _typed(key) -> bool:
+  return jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+
+
 def is_threefry(key) -> bool:
   """Whether ``key`` (a typed key, raw words under jax's default PRNG, or a FoldedKey) is a Threefry key."""
   if isinstance(key, FoldedKey):
     return True
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+  if _typed(key):
     return str(jax.random.key_impl(key)) == "threefry2x32"
   return jax.config.jax_default_prng_impl == "threefry2x32"
 
 
 def _batch_shape(key) -> tuple[int, ...]:
-  typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-  return tuple(key.shape) if typed else tuple(key.shape[:-1])
+  return tuple(key.shape) if _typed(key) else tuple(key.shape[:-1])
 
 
 def fold_in(key, data):
@@ -82,7 +85,7 @@ def split_chain(key):
   """``(words, data)`` of a Threefry key or FoldedKey: the start key's uint32 words (B + (2,)) and its fold
   data (B + (F,), F = 0 for a plain key)."""
   base, data = (key.key, key.data) if isinstance(key, FoldedKey) else (key, None)
-  words = jax.random.key_data(base) if jax.dtypes.issubdtype(base.dtype, jax.dtypes.prng_key) else base
+  words = jax.random.key_data(base) if _typed(base) else base
   if data is None:
     data = jnp.zeros(words.shape[:-1] + (0,), jnp.uint32)
   return words, data
