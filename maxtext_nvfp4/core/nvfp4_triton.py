@@ -43,7 +43,9 @@ Batched (``batched=True``: ``vmap``'s batch of independent operands, MoE's exper
 runs over the slices, each with its own amax, SR key and SR positions, the batch axis shardable like any
 other; under a second ``vmap`` and for an explicitly sharded operand ``nvfp4`` takes the XLA form. Pallas's
 Triton backend is deprecated in jax 0.12 (in favour of Mosaic GPU); it still lowers and compiles, on a GPU and
-deviceless for one. Not yet run on a GPU.
+deviceless for one. On a GPU, Pallas's Triton lowering negates a float as ``0 - x`` and takes min/max as
+minnum/maxnum, unlike XLA and Pallas's interpreter: the kernels use no float neg, min or max
+(``formats.negate_where``, ``copysign``, ``min_nan``; tested on the jaxprs).
 """
 
 from __future__ import annotations
