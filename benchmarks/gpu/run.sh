@@ -13,6 +13,8 @@
 #   hlo    optimized-HLO counts: mlp_bench --dump-hlo (bf16, nvfp4) and
 #          quantizer_hlo.py (passes over memory of each quantizer call), XLA dump      40 s
 #   quant  quantize_bench.py 1D/2D/RHT quantizer vs a copy, 8192x4096 and 8192x14336   25 s
+#   kernels  kernel_profile.py: the MLP's per-kernel device times under jax.profiler (bf16,
+#          nvfp4) and the Pallas quantizer kernels timed per tile choice (bits checked)   120 s
 #   step   maxtext_step_bench.py 4-layer Llama-3-8B shape, seq 4096, pdbs 2:
 #          bf16, nvfp4 (emulate, full recipe), fp8 -- in that order                  170 s
 #                                                                              total  480 s
@@ -60,16 +62,17 @@ done
 # "expect" is the estimated H200 wall time (nothing of this package has run on a GPU yet: estimates from
 # the issue's prototype numbers, see benchmarks/RESULTS.md "GPU preparation").
 # ---------------------------------------------------------------------------------------------------
-ALL_STAGES="setup env tests mlp hlo quant step moe"
-declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
-declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
+ALL_STAGES="setup env tests kernels mlp hlo quant step moe"
+declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [kernels]=120 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
+declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [kernels]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
 # H200 estimates; measured 2026-11-30 (benchmarks/RESULTS.md): tests 41, mlp 106, hlo 11, quant 5, step
 # ~65 per variant (compile included).
-declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
+declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [kernels]=90 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
 declare -A WHAT=(
   [setup]="pip install .whl/*.whl into $SITE (offline; skipped when maxtext already imports)"
   [env]="date, commit, nvidia-smi, jax version and devices; stops unless jax sees a GPU (--cpu: CPU)"
   [tests]="GPU bit-exactness: test_numerics, test_fp8, test_gemm (-k not switch_under_jit/remat_and_scan), test_quantizer_hlo"
+  [kernels]="MLP fwd+bwd per-kernel device times (profiler; bf16, nvfp4); Pallas quantizer kernels per tile choice"
   [mlp]="SwiGLU 8192x4096x14336 fwd+bwd: bf16, nvfp4 (full recipe), fp8, sdg; --isolate, 3 warmup + 20 iters"
   [hlo]="optimized-HLO counts: MLP fwd+bwd bf16/nvfp4 (--dump-hlo) and quantizer_hlo.py at 8192x4096; XLA dump + gpu_target_config (no cache)"
   [quant]="quantizer 1d/2d/rht vs copy at 8192x4096 and 8192x14336, 10 iters"
@@ -200,7 +203,7 @@ cp "$WORK/env.log" "$WORK/env.txt"
 
 if [ "$MODE" = cpu ]; then
   TESTS_ARGS="tests/core/test_quantizer_hlo.py tests/core/test_numerics.py -k 'quantizer_hlo or golden_file_present or recip_exact or gpu_lowering'"
-  MLP_SHAPE="--preset tiny" MLP_TIMING="--warmup 1 --iters 2"
+  MLP_SHAPE="--preset tiny" MLP_TIMING="--warmup 1 --iters 2" KERNEL_ARGS="--preset tiny --iters 2"
   QUANT_SHAPE=256x512 QUANT_ARGS="--shapes 256x512 --iters 2 --warmup 1"
   STEP_ARGS="--preset cpu-demo --steps 4 --skip 2 --set max_target_length=64"
   MOE_ARGS="--preset gpu-moe-proxy --steps 3 --skip 1 --set hardware=tpu --set base_emb_dim=128 --set head_dim=32 \
@@ -208,7 +211,7 @@ if [ "$MODE" = cpu ]; then
     --set base_num_decoder_layers=2 --set vocab_size=1024 --set max_target_length=64 --set per_device_batch_size=1"
 else
   TESTS_ARGS="tests/core/test_numerics.py tests/core/test_fp8.py tests/core/test_gemm.py tests/core/test_prng.py tests/core/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
-  MLP_SHAPE="--preset h200" MLP_TIMING="--warmup 3 --iters 20"
+  MLP_SHAPE="--preset h200" MLP_TIMING="--warmup 3 --iters 20" KERNEL_ARGS="--preset h200 --iters 8"
   QUANT_SHAPE=8192x4096 QUANT_ARGS="--shapes 8192x4096,8192x14336 --iters 10 --warmup 2"
   STEP_ARGS="--preset gpu-llama3-8b-4layer --steps 20 --skip 8"
   MOE_ARGS="--preset gpu-moe-proxy"
@@ -223,6 +226,9 @@ NWORK=$((NPROC / 2 > 8 ? 8 : NPROC / 2))  # the H200 machine has 16 cores: 8 pyt
 # the seed precondition of test_single_k_block_is_bit_exact_with_te_alpha fail; gemm_alpha still equals the
 # compiled TE alpha bit for bit there (test_gemm_alpha_is_te_alpha_as_compiled_bit_for_bit passes).
 has tests && stage tests "JAX_PLATFORMS=$PLATFORM $PY -m pytest -q -p no:cacheprovider $XDIST --durations=10 $TESTS_ARGS"
+
+# kernels: where the MLP's device time goes, and the quantizer kernels' tile choices (exit 1: a choice changed bits).
+has kernels && stage kernels "$PY benchmarks/gpu/kernel_profile.py $KERNEL_ARGS --json $WORK/kernels.json"
 
 # mlp: each variant's correctness check runs before its timing; a failed check exits 1.
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
@@ -274,6 +280,7 @@ PYEOF
   done
   [ -f "$WORK/quantizer_hlo.json" ] && { echo; $PY -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['header']); print(d['table'])" "$WORK/quantizer_hlo.json"; }
   [ -f "$WORK/quant.log" ] && { echo; echo "quantize_bench:"; grep -E '^(#|\|)' "$WORK/quant.log"; }
+  [ -f "$WORK/kernels.log" ] && { echo; echo "kernel_profile:"; grep -E '^(#|\||[a-z0-9_]+: top)' "$WORK/kernels.log"; }
 } > "$WORK/summary.md" 2>&1
 cat "$WORK/summary.md"
 if [ -n "$PACK" ]; then
