@@ -108,6 +108,17 @@ def from_bits(b):
   return lax.bitcast_convert_type(b.astype(jnp.uint32), jnp.float32)
 
 
+F32_QUIET_NAN = 0x7FC00000
+
+
+def amax_from_bits(abs_bits):
+  """The fp32 amax whose ``|x|`` bits (int32 / uint32, a max of :func:`bits` ``& F32_ABS_MASK``) are
+  ``abs_bits``, any NaN as the quiet NaN ``F32_QUIET_NAN``: a NaN's payload depends on the arithmetic that
+  made it (on the H200 XLA's RHT and a Triton kernel's gave different ones, 2026-12-04), the amax's must not."""
+  b = abs_bits.astype(jnp.uint32)
+  return from_bits(jnp.where(b > np.uint32(F32_EXP_MASK), np.uint32(F32_QUIET_NAN), b))
+
+
 # Sign and NaN forms that give the same bits under every lowering: Pallas's Triton lowering (the kernels of
 # nvfp4_triton) negates a float as ``0 - x`` (-0.0 becomes +0.0) and takes min as ``minnum`` (a NaN operand
 # yields the other one), where XLA flips the sign bit and propagates NaN. Seen on the H200, 2026-12-04.

@@ -336,19 +336,44 @@ def _word_index(ishape, wshape, last_div):
 # ----------------------------------------------------------------------------------------------
 # Random Hadamard transform
 # ----------------------------------------------------------------------------------------------
-def rht_matrix(dtype=jnp.float32):
-  """TE's wgrad RHT matrix ``diag(RHT_SIGNS) @ H16 / 4`` (entries exactly ±0.25)."""
+def _rht_matrix_np() -> np.ndarray:
   h = np.array([[1.0]])
   for _ in range(4):
     h = np.block([[h, h], [h, -h]])
-  m = np.diag(np.array(RHT_SIGNS, np.float64)) @ h / 4.0
-  return jnp.asarray(m, dtype)
+  return (np.diag(np.array(RHT_SIGNS, np.float64)) @ h / 4.0).astype(np.float32)
+
+
+# The matrix as numpy fp32 scalars: the RHT's sums multiply by these literals (a Triton kernel cannot capture
+# an array constant, and takes the same sums).
+_RHT_M = _rht_matrix_np()
+
+
+def rht_matrix(dtype=jnp.float32):
+  """TE's wgrad RHT matrix ``diag(RHT_SIGNS) @ H16 / 4`` (entries exactly ±0.25)."""
+  return jnp.asarray(_RHT_M, dtype)
 
 
 # Groups whose max |x| is below 2**-60 are transformed at 2**64 times their size (exact: a power of two),
 # so that no operand or partial sum of the fp32 transform is an fp32 subnormal (XLA:CPU would flush it).
 _RHT_TINY = 2.0**-60
 _RHT_UP = 64
+
+
+def _rht_entry(r: int, c):
+  """``rht_matrix()[r, c]``: a literal for a Python int ``c``; for a traced int32 ``c`` (a kernel's loop index)
+  from its bits, ``s_r * (-1)**popcount(r & c) / 4``."""
+  if isinstance(c, int):
+    return _RHT_M[r, c]
+  neg = (lax.population_count(c & np.int32(r)) & 1) == (0 if RHT_SIGNS[r] < 0 else 1)
+  return jnp.where(neg, np.float32(-0.25), np.float32(0.25))
+
+
+def _rht16_column(rows, c):
+  """``y[c] = (...((x[0] m[0, c] + x[1] m[1, c]) + x[2] m[2, c]) + ...) + x[15] m[15, c]`` with ``m =
+  rht_matrix()``: column ``c`` of the RHT of 16 fp32 arrays of one shape (a group's 16 elements, elementwise),
+  the sums left to right: the Triton kernels' RHT (:mod:`nvfp4_triton`). Equal to :func:`_rht16` wherever the
+  result does not depend on the order of the sums (the RHT's contract, below)."""
+  return sum((x * _rht_entry(r, c) for r, x in enumerate(rows[1:], 1)), rows[0] * _rht_entry(0, c))
 
 
 def _rht16(xb, axis):
@@ -358,8 +383,10 @@ def _rht16(xb, axis):
   transposes. Each product is exact (a sign and a power of two), as with the ±0.25 matrix entries,
   so nothing can overflow where the result does not; the 16-term fp32 sum runs in XLA's reduction order.
   On XLA:CPU this is ~2x faster than 4 add/subtract butterfly stages (each one a materialized pass) and
-  than a K=16 matmul plus the transpose back. The golden contract is unaffected: RHT cases use inputs
-  whose bf16 result does not depend on the fp32 accumulation order (the tensor-core MMA's is unspecified).
+  than a K=16 matmul plus the transpose back; 16 explicit left-to-right sums stacked back compile to 3x the
+  kernels on XLA:CPU and gave Inf there for test_extreme_magnitudes' input, whose sums are finite
+  (2026-12-04). The golden contract is unaffected: RHT cases use inputs whose bf16 result does not depend on the
+  fp32 accumulation order (the tensor-core MMA's is unspecified).
   """
   m = rht_matrix(jnp.float32)  # (r, c)
   shape = [1] * (xb.ndim + 1)
@@ -550,9 +577,9 @@ def _block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None 
   # reductions into one over the whole tensor, which XLA:CPU runs as a reduce-window tree over a
   # materialized int32 copy of it (an extra read and write of 4 bytes per element).
   if rule.row_scaled:
-    amax = _from_bits(jnp.max(lax.optimization_barrier(bamax_bits), axis=nb_axis, keepdims=True))
+    amax = formats.amax_from_bits(jnp.max(lax.optimization_barrier(bamax_bits), axis=nb_axis, keepdims=True))
   else:
-    amax = _from_bits(jnp.max(lax.optimization_barrier(bamax_bits)))
+    amax = formats.amax_from_bits(jnp.max(lax.optimization_barrier(bamax_bits)))
   return amax, _from_bits(bamax_bits)
 
 
@@ -870,7 +897,7 @@ def _triton_formulas():
       encode_from_e4m3_parts=_encode_from_e4m3_parts, e2m1_code=_e2m1_code_of_product,
       plain_product=_abs_times_enc_ieee, safe_product=_abs_times_enc_flush_to_zero_safe,
       rht_upscale_ieee=_rht_upscale_ieee, rht_upscale_safe=_rht_upscale_flush_to_zero_safe,
-      rht_round_back=_rht_round_back, rht_signs=RHT_SIGNS, rht_tiny=_RHT_TINY, hash32=_lowbias32,
+      rht_round_back=_rht_round_back, rht16_column=_rht16_column, rht_tiny=_RHT_TINY, hash32=_lowbias32,
       e4m3_max=E4M3_MAX, e4m3_code=_e4m3_code)
 
 

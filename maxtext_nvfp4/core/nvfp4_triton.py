@@ -75,7 +75,9 @@ _BLOCK = 16
 # (benchmarks/RESULTS.md, 2026-12-04 05:30).
 _MAX_ROWS = 16
 _MAX_BLOCKS = 16
-_MAX_RHT_COLS = 32
+# COLS_RHT: one group (16 rows) x up to this many columns; each row is a (cols,) array spread over the program's
+# threads, so 32 columns left 3/4 of 128 threads idle (the tile form's 32 fitted its 16x16x32 product).
+_MAX_RHT_COLS = 128
 _MAX_TILES = 8  # 16x16 tiles (TILES_2D) per program: 16 rows x 128 columns
 
 
@@ -102,17 +104,24 @@ TILES_2D = "tiles_2d"  # quantize only: 16x16 tiles of a 2D operand (W), TE's by
 _BLOCK_AXIS = {ROWS: 2, COLS_RHT: 1}
 
 
-def _positions(layout: str, shape, k_ref):
-  """(t, n): each tile element's row and column in its slice's 2D view (T, N), uint32, from the shard's
-  first (row, column) in ``k_ref``'s last two entries and the tile's place in the grid (batch, i, j)."""
+def _positions(shape, k_ref):
+  """ROWS: (t, n), each element's row and column of a (rows, blocks, 16) tile in its slice's 2D view (T, N),
+  uint32, from the shard's first (row, column) in ``k_ref``'s last two entries and the tile's place in the
+  grid (batch, i, j)."""
   a, b, c = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(3))
   first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
-  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32) * np.uint32(1 if layout == ROWS else _BLOCK)
-  if layout == ROWS:  # (rows, blocks, 16)
-    n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
-    return t0 + a, n0 + b * np.uint32(_BLOCK) + c
-  n0 = first_n + (pl.program_id(2) * shape[2]).astype(jnp.uint32)  # (groups, 16, cols)
-  return t0 + a * np.uint32(_BLOCK) + b, n0 + c
+  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
+  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
+  return t0 + a, n0 + b * np.uint32(_BLOCK) + c
+
+
+def _group_positions(k_ref, cols: int):
+  """COLS_RHT: (t, n) of a (1, 16, cols) tile in its slice's 2D view (T, N): its group's first row (a uint32
+  scalar) and its columns (cols,), from the shard's first (row, column) in ``k_ref``'s last two entries."""
+  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
+  t = first_t + (pl.program_id(1) * _BLOCK).astype(jnp.uint32)
+  n = first_n + (pl.program_id(2) * cols).astype(jnp.uint32) + lax.broadcasted_iota(jnp.uint32, (cols,), 0)
+  return t, n
 
 
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -152,98 +161,135 @@ def _threefry_bits2(k1, k2, partitionable: bool):
   return _threefry2x32(k1, k2, zero, np.uint32(1))
 
 
-def _sr_fraction(f: "Formulas", layout: str, k_ref, shape, n_total: int, threefry: bool | None, folds: int):
-  """``u = byte / 256`` of ``nvfp4._random_bytes(key, (T, N))`` for this tile: the same per-element form,
-  ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N / 4) + n div 4`` (uint32, wrapping like
-  ``nvfp4._word_index``); ``k_ref`` = (key word 0, key word 1, fold data 0 .. ``folds - 1``, zeros, first row,
-  first column) of the shard: the Threefry key's words, each fold ``(w0, w1) = threefry2x32((w0, w1),
-  (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`_threefry_bits2` (``threefry``: the
-  partitionable flag); or (``threefry`` None, no folds) (k0, k1) themselves; ``n_total``: N of the whole
-  operand (the tile may be a shard's)."""
+def _sr_words(k_ref, threefry: bool | None, folds: int):
+  """SR's two key words (k0, k1) of this shard, from ``k_ref`` = (key word 0, key word 1, fold data 0 ..
+  ``folds - 1``, zeros, first row, first column): the Threefry key's words, each fold ``(w0, w1) =
+  threefry2x32((w0, w1), (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`_threefry_bits2`
+  (``threefry``: the partitionable flag); or (``threefry`` None, no folds) the two words themselves."""
   k0, k1 = k_ref[0], k_ref[1]
   for i in range(folds):
     k0, k1 = _threefry2x32(k0, k1, np.uint32(0), k_ref[2 + i])
   if threefry is not None:
     k0, k1 = _threefry_bits2(k0, k1, threefry)
-  t, n = _positions(layout, shape, k_ref)
+  return k0, k1
+
+
+def _sr_fraction(f: "Formulas", words, t, n, n_total: int):
+  """``u = byte / 256`` of ``nvfp4._random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (uint32, the
+  slice's 2D view): the same per-element form, ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N /
+  4) + n div 4`` (uint32, wrapping like ``nvfp4._word_index``); ``words``: (k0, k1) (:func:`_sr_words`);
+  ``n_total``: N of the whole operand (the tile may be a shard's)."""
+  k0, k1 = words
   word = t * np.uint32(n_total // 4) + n // np.uint32(4)
   h = f.hash32(f.hash32(word + k0) ^ k1)
   byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
   return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
 
 
-def _rht_matrix(f: "Formulas", trailing: int = 1):
-  """TE's ``diag(s) H16 / 4`` as a (1, 16, 16, 1, ...) array (``trailing`` unit dims) from iotas (a kernel
-  cannot capture an array constant): ``m[r, c] = s_r * (-1)**popcount(r & c) / 4``, exactly
-  ``nvfp4.rht_matrix()``."""
-  shape = (1, _BLOCK, _BLOCK) + (1,) * trailing
-  r = lax.broadcasted_iota(jnp.int32, shape, 1)
-  c = lax.broadcasted_iota(jnp.int32, shape, 2)
-  neg_rows = sum(1 << i for i, sgn in enumerate(f.rht_signs) if sgn < 0)
-  odd = (lax.population_count(r & c) & 1) ^ ((neg_rows >> r) & 1)
-  return jnp.where(odd == 1, np.float32(-0.25), np.float32(0.25))
+def _int_max(vs):
+  """Elementwise max of int32 arrays (Triton lowers an integer max exactly)."""
+  m = vs[0]
+  for v in vs[1:]:
+    m = jnp.maximum(m, v)
+  return m
 
 
-def _rht_tile(f: "Formulas", xf, safe: bool):
-  """``nvfp4._rht_exact`` of a (groups, 16, cols...) fp32 tile: tiny groups (max |x| < 2**-60) at 2**64 scale,
-  the 16-term sums, one bf16 rounding back at the true size (fp32 values on the bf16 grid)."""
-  gmax = jnp.max(_abs_bits(xf), axis=1, keepdims=True)
-  tiny = gmax < int(np.float32(f.rht_tiny).view(np.int32))
-  xs = (f.rht_upscale_safe if safe else f.rht_upscale_ieee)(xf, tiny)
-  y = jnp.sum(jnp.expand_dims(xs, 2) * _rht_matrix(f, xf.ndim - 2), axis=1)
-  return f.rht_round_back(y, tiny, rint=_rint_nonnegative)
+def _rht_columns(f: "Formulas", x_ref, safe: bool):
+  """``nvfp4._rht_exact`` of a kernel's (1, 16, ...) tile, one group: its 16 rows loaded on their own, and
+  ``column(c)`` -> the transform's row c (``c`` an int, or a ``fori_loop`` index): tiny groups (max |x| <
+  2**-60) at 2**64 scale, ``nvfp4._rht16_column``'s sum, one bf16 rounding back at the true size (fp32 on the
+  bf16 grid). Rows, not a (16, cols) tile: every step is elementwise, with no reduction across a tile axis
+  (Triton moves those through shared memory); a loop over c, not 16 unrolled sums, keeps the kernel small
+  enough for Triton to compile in seconds."""
+  rows = [formats.to_f32_exact(x_ref[0, r]) for r in range(_BLOCK)]
+  tiny = _int_max([_abs_bits(r) for r in rows]) < int(np.float32(f.rht_tiny).view(np.int32))
+  up = f.rht_upscale_safe if safe else f.rht_upscale_ieee
+  xs = [up(r, tiny) for r in rows]
+  return lambda c: f.rht_round_back(f.rht16_column(xs, c), tiny, rint=_rint_nonnegative)
 
 
-def _quantize_tile(f: "Formulas", xf, axis: int, c, s_dec, u, safe: bool):
-  """The values ``±grid(k) * s8`` of a tile whose blocks lie along ``axis`` (fp32, on x's grid)."""
-  k, neg, s8 = _codes_tile(f, xf, axis, c, s_dec, u, safe)
-  mag = formats.grid_value(k, E2M1)
-  return formats.negate_where(mag, neg) * s8
+def _rht_amax_bits(column, shape):
+  """max over the 16 transform rows of ``|column(c)|``'s bits (int32, ``shape``)."""
+  return lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(column(c))), jnp.zeros(shape, jnp.int32))
+
+
+def _block_scale(f: "Formulas", bamax, c, s_dec):
+  """(s8, enc): the E4M3 block scale of block maxima ``bamax`` and its encode scale (NaN for a NaN amax)."""
+  dec = formats.min_nan(f.mul_exact(bamax, c), np.float32(f.e4m3_max))
+  s8 = formats.round_to_format(dec, E4M3, rint=_rint_nonnegative)
+  s8 = jnp.where(jnp.isnan(dec), dec, s8)  # a NaN amax: NaN scales, as jnp.round keeps NaN
+  k8, j8 = f.e4m3_parts(jnp.where(jnp.isnan(s8), np.float32(0.0), s8))
+  return s8, jnp.where(jnp.isnan(s8), s8, f.encode_from_e4m3_parts(k8, j8, s_dec))
+
+
+def _e2m1(f: "Formulas", y, enc, u, safe: bool):
+  """(k, neg): E2M1 magnitude indices (fp32) and signs of fp32 ``y`` under encode scale ``enc``."""
+  return f.e2m1_code(y, enc, u, product=f.safe_product if safe else f.plain_product, rint=_rint_nonnegative)
+
+
+def _value(k, neg, s8):
+  """``±grid(k) * s8`` (fp32, on x's grid)."""
+  return formats.negate_where(formats.grid_value(k, E2M1), neg) * s8
 
 
 def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   """(k, neg, s8): E2M1 magnitude indices (fp32), signs and block scales (fp32, the block dims kept) of a tile
   whose blocks lie along ``axis`` (one axis, or a tuple: 16x16 tiles)."""
-  bamax = formats.from_bits(jnp.max(_abs_bits(xf), axis=axis, keepdims=True))
-  dec = formats.min_nan(f.mul_exact(bamax, c), np.float32(f.e4m3_max))
-  s8 = formats.round_to_format(dec, E4M3, rint=_rint_nonnegative)
-  s8 = jnp.where(jnp.isnan(dec), dec, s8)  # a NaN amax: NaN scales, as jnp.round keeps NaN
-  k8, j8 = f.e4m3_parts(jnp.where(jnp.isnan(s8), np.float32(0.0), s8))
-  enc = jnp.where(jnp.isnan(s8), s8, f.encode_from_e4m3_parts(k8, j8, s_dec))
-  product = f.safe_product if safe else f.plain_product
-  k, neg = f.e2m1_code(xf, enc, u, product=product, rint=_rint_nonnegative)
-  return k, neg, s8
+  s8, enc = _block_scale(f, formats.from_bits(jnp.max(_abs_bits(xf), axis=axis, keepdims=True)), c, s_dec)
+  return (*_e2m1(f, xf, enc, u, safe), s8)
 
 
 def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None,
                    folds: int):
   k_ref, x_ref, v_ref = refs if len(refs) == 3 else (None,) + refs
-  xf = formats.to_f32_exact(x_ref[...])
-  if layout == COLS_RHT:
-    xf = _rht_tile(f, xf, safe)
-  u = None if k_ref is None else _sr_fraction(f, layout, k_ref, xf.shape, n_total, threefry, folds)
   c, s_dec = _scalars(f, a_ref[0])
-  v = _quantize_tile(f, xf, _BLOCK_AXIS[layout], c, s_dec, u, safe)
-  v_ref[...] = v.astype(v_ref.dtype)
+  words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
+  if layout == ROWS:
+    xf = formats.to_f32_exact(x_ref[...])
+    u = None if words is None else _sr_fraction(f, words, *_positions(xf.shape, k_ref), n_total)
+    v_ref[...] = _value(*_codes_tile(f, xf, _BLOCK_AXIS[layout], c, s_dec, u, safe)).astype(v_ref.dtype)
+    return
+  column = _rht_columns(f, x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
+  cols = x_ref.shape[2]
+  s8, enc = _block_scale(f, formats.from_bits(_rht_amax_bits(column, (cols,))), c, s_dec)
+  t, n = (None, None) if words is None else _group_positions(k_ref, cols)
+
+  def row(r, carry):
+    u = None if words is None else _sr_fraction(f, words, t + r.astype(jnp.uint32), n, n_total)
+    v_ref[0, r, :] = _value(*_e2m1(f, column(r), enc, u, safe), s8).astype(v_ref.dtype)
+    return carry
+
+  lax.fori_loop(0, _BLOCK, row, 0)
 
 
-def _packed_bytes(f: "Formulas", k, neg, s8, *, pair_axis: int):
+def _packed_codes(k, neg, *, pair_axis: int):
   """TE's bytes of a tile's codes: E2M1 codes two per byte along ``pair_axis`` (a column pair; even column in
-  the low nibble, as ``nvfp4.pack``) and the E4M3 scales' bytes (a non-negative E4M3 grid value's bit pattern
-  is its grid code; NaN: 0x7F, what a float8 cast gives)."""
+  the low nibble, as ``nvfp4.pack``)."""
   codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
   nibble = lax.broadcasted_iota(jnp.int32, codes.shape, pair_axis) * 4
-  packed = jnp.sum(codes << nibble, axis=pair_axis).astype(jnp.uint8)
-  return packed, jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
+  return jnp.sum(codes << nibble, axis=pair_axis).astype(jnp.uint8)
+
+
+def _scale_bytes(f: "Formulas", s8):
+  """The E4M3 scales' bytes (a non-negative E4M3 grid value's bit pattern is its grid code; NaN: 0x7F, what a
+  float8 cast gives)."""
+  return jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
 
 
 def _codes_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
   scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
-  xf = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
   c, s_dec = _scalars(f, a_ref[0])
-  d_ref[...], e_ref[...] = _packed_bytes(f, *_codes_tile(f, xf, 1, c, s_dec, None, safe), pair_axis=3)
+  column = _rht_columns(f, x_ref, safe)
+  s8, enc = _block_scale(f, formats.from_bits(_rht_amax_bits(column, x_ref.shape[2:])), c, s_dec)
+
+  def row(r, carry):
+    d_ref[0, r, :] = _packed_codes(*_e2m1(f, column(r), enc, None, safe), pair_axis=1)
+    return carry
+
+  lax.fori_loop(0, _BLOCK, row, 0)
+  e_ref[0, 0, :, :] = _scale_bytes(f, s8)
 
 
 def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
@@ -251,14 +297,13 @@ def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   amax over its rows and its 8 column pairs, the E2M1 codes two per byte along the columns (even column in the
   low nibble) and the tile's E4M3 scale byte."""
   c, s_dec = _scalars(f, a_ref[0])
-  k_neg_s8 = _codes_tile(f, formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
-  d_ref[...], e_ref[...] = _packed_bytes(f, *k_neg_s8, pair_axis=4)
+  k, neg, s8 = _codes_tile(f, formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
+  d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=4), _scale_bytes(f, s8)
 
 
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
-  """Per tile column: max |RHT(x)| bits over its groups and 16 rows (the tensor amax's first step)."""
-  y = _rht_tile(f, formats.to_f32_exact(x_ref[...]), safe)
-  m_ref[...] = jnp.max(jnp.max(_abs_bits(y), axis=1), axis=0, keepdims=True)
+  """Per tile column: max |RHT(x)| bits over its group's 16 rows (the tensor amax's first step)."""
+  m_ref[0, :] = _rht_amax_bits(_rht_columns(f, x_ref, safe), (x_ref.shape[2],))
 
 
 def _tiles(layout: str, shape):
@@ -537,8 +582,9 @@ class Formulas:
   rht_upscale_safe: Callable
   # (y, tiny, rint=) -> the RHT sums rounded once to bf16 at their true size
   rht_round_back: Callable
-  # the RHT's sign vector and the tiny-group threshold (2**-60)
-  rht_signs: tuple
+  # (16 fp32 arrays: a group's rows, c: an int or a traced int32) -> the RHT's row c, in nvfp4's sum order
+  rht16_column: Callable
+  # the tiny-group threshold (2**-60)
   rht_tiny: float
   # the 32-bit hash of the SR bytes
   hash32: Callable
@@ -593,7 +639,7 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   else:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
     amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2))
-  amax = formats.from_bits(amax_bits)
+  amax = formats.amax_from_bits(amax_bits)
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
                              x.shape[-1], threefry)
@@ -612,13 +658,13 @@ def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bo
   xb = x if batched else x[None]
   e, t, n = xb.shape
   if layout == TILES_2D:
-    amax = formats.from_bits(_slice_amax_bits(xb))
+    amax = formats.amax_from_bits(_slice_amax_bits(xb))
     x6 = xb.reshape(e, t // _BLOCK, _BLOCK, n // _BLOCK, 8, 2)
     packed, scale_bytes = _partitioned_tiles(f, flush_to_zero_safe, interpret)(amax[:, None], x6)
     packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
     return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
-  amax = formats.from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
+  amax = formats.amax_from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
   packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(amax[:, None], x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as nv
 from maxtext_nvfp4.core import nvfp4_triton as nt
 from maxtext_nvfp4.core import prng
@@ -144,9 +145,14 @@ def test_tiles_kernel_batched_and_under_vmap():
     assert _same_tensor(jax.tree_util.tree_map(lambda a, i=i: a[i], got), nv.quantize(x[i], block_2d=True)), i
 
 
-def test_rht_matrix_from_iotas_is_tes():
-  m = np.asarray(jax.jit(lambda: nt._rht_matrix(nv._triton_formulas()))()).reshape(16, 16)
-  assert np.array_equal(m, np.asarray(nv.rht_matrix()))
+@pytest.mark.parametrize("traced", [False, True])
+def test_rht_column_of_unit_rows_is_tes_matrix(traced):
+  """``nvfp4._rht16_column`` (the kernels' RHT: a Python int column in the XLA form, a loop index in the
+  kernels) of the 16 unit rows gives column c of TE's ``diag(s) H16 / 4``."""
+  eye = jnp.eye(16, dtype=jnp.float32)
+  col = jax.jit(lambda e, c: nv._rht16_column(list(e), c)) if traced else (lambda e, c: nv._rht16_column(list(e), c))
+  got = np.stack([np.asarray(col(eye, jnp.int32(c) if traced else c)) for c in range(16)], axis=1)
+  assert np.array_equal(got, np.asarray(nv.rht_matrix()))
 
 
 def test_nan_operand_poisons_every_value_as_the_xla_form():
@@ -155,6 +161,28 @@ def test_nan_operand_poisons_every_value_as_the_xla_form():
   want_v, want_amax = nv.quantize_values(x)
   assert np.isnan(np.asarray(got_amax)) and np.isnan(np.asarray(want_amax))
   assert _same(got_v, want_v) and np.all(np.isnan(np.asarray(got_v, np.float32)))
+
+
+def test_a_nan_amax_is_the_quiet_nan_on_every_path():
+  """A NaN's payload depends on the arithmetic that made it (on the H200 XLA's RHT and the RHT kernels gave
+  different ones); every path's amax is the quiet NaN 0x7FC00000, here from an input NaN with a payload."""
+  x = _operand(np.random.default_rng(6), (64, 64), jnp.bfloat16, specials=False)
+  x = x.at[5, 9].set(jax.lax.bitcast_convert_type(jnp.uint16(0xFFA5), jnp.bfloat16))
+  key = jax.random.key(2)
+  kw = dict(interpret=True, flush_to_zero_safe=True)
+  amaxes = {
+      "kernel rows": _kernel_values(x)[1],
+      "kernel rows sr": _kernel_values(x, key)[1],
+      "kernel rht sr": nv._quantize_values_triton(x, jnp.bfloat16, nt.COLS_RHT, key, **kw)[1],
+      "kernel rht codes": nv._quantize_triton(x, **kw).amax,
+      "kernel tiles": nv._quantize_triton(x, nt.TILES_2D, **kw).amax,
+      "xla 1x16": nv.quantize(x).amax,
+      "xla rht sr": nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)[1],
+      "xla 16x16": nv.quantize(x, block_2d=True).amax,
+      "fp8": fp8.quantize(x).amax,
+  }
+  got = {k: hex(int(np.asarray(v, np.float32).view(np.uint32))) for k, v in amaxes.items()}
+  assert got == dict.fromkeys(amaxes, hex(0x7FC00000))
 
 
 def test_rint_nonnegative_is_round_half_even():

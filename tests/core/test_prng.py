@@ -88,10 +88,16 @@ def test_batched_gemm_with_a_folded_key_gives_each_expert_its_fold():
   gx, gw = _grads(x, w, dy, prng.fold_in(base, 6), dn)
   for e in range(b):  # expert e: fold_in(key, e) of the GEMM's key (gemm's docstring)
     ex, ew = _grads(x[e], w[e], dy[e], _jax_chain(base, [6, e]))
-    # The same quantized operands; only the batched GEMM's fp32 accumulation order may differ (on a GPU it
-    # does: test_gemm's batch test allows the same).
+    # The same quantized operands; only the batched GEMM's fp32 accumulation order may differ, and so the bf16
+    # rounding of the gradients by one bf16 ulp (on the H200: 7 of 3072 dW values, 2026-12-04).
     for got, want in ((gx[e], ex), (gw[e], ew)):
-      np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
-    # Another expert's key draws other bits: far outside that tolerance.
+      assert _within_one_bf16_ulp(got, want), e
+    # Another expert's key draws other bits: outside that tolerance.
     _, other_w = _grads(x[e], w[e], dy[e], _jax_chain(base, [6, e + 1]))
-    assert np.abs(other_w - ew).max() > 1e-3 * np.abs(ew).max(), e
+    assert not _within_one_bf16_ulp(other_w, ew), e
+
+
+def _within_one_bf16_ulp(got, want) -> bool:
+  """|got - want| <= one bf16 ulp of want (2**-7 relative bounds it) or 1e-5 of the largest |want|."""
+  got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+  return bool(np.allclose(got, want, rtol=2.0**-7, atol=1e-5 * np.abs(want).max()))
