@@ -76,9 +76,10 @@ _BLOCK = 16
 _MAX_ROWS = 16
 _MAX_BLOCKS = 16
 # COLS_RHT: one group (16 rows) x up to this many columns; each row is a (cols,) array spread over the program's
-# threads, so 32 columns left 3/4 of 128 threads idle (the tile form's 32 fitted its 16x16x32 product).
+# threads. H200, 8192x14336 (benchmarks/RESULTS.md, 2026-12-04 12:45): the SR values path 4.46 / 2.24 / 1.28 /
+# 1.63 / 1.71 ms at 32 / 64 / 128 / 256 / 512 columns; W's tiles 0.46 / 0.28 / 0.34 ms at 8 / 16 / 32 tiles.
 _MAX_RHT_COLS = 128
-_MAX_TILES = 8  # 16x16 tiles (TILES_2D) per program: 16 rows x 128 columns
+_MAX_TILES = 16  # 16x16 tiles (TILES_2D) per program: 16 rows x 256 columns
 
 
 def _rint_nonnegative(t):
