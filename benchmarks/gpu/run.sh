@@ -13,11 +13,12 @@
 #   hlo    optimized-HLO counts: mlp_bench --dump-hlo (bf16, nvfp4) and
 #          quantizer_hlo.py (passes over memory of each quantizer call), XLA dump      40 s
 #   quant  quantize_bench.py 1D/2D/RHT quantizer vs a copy, 8192x4096 and 8192x14336   25 s
-#   kernels  kernel_profile.py: the MLP's per-kernel device times under jax.profiler (bf16,
-#          nvfp4) and the Pallas quantizer kernels timed per tile choice (bits checked)   120 s
 #   step   maxtext_step_bench.py 4-layer Llama-3-8B shape, seq 4096, pdbs 2:
 #          bf16, nvfp4 (emulate, full recipe), fp8 -- in that order                  170 s
 #                                                                              total  480 s
+#   kernels (only when named in STAGES) kernel_profile.py: the MLP's per-kernel device times
+#          under jax.profiler (bf16, nvfp4) and the Pallas quantizer kernels per tile choice
+#          (each choice's bits checked against the default's); 38-39 s on the H200        60 s
 #   moe    (only when named in STAGES) maxtext_step_bench.py --preset gpu-moe-proxy: the one-GPU
 #          Mixtral-style proxy (recipes/proxy_1gpu_moe_*, 4 layers), bf16 and nvfp4   140 s
 #
@@ -63,11 +64,11 @@ done
 # the prototype numbers, see benchmarks/RESULTS.md "GPU preparation").
 # ---------------------------------------------------------------------------------------------------
 ALL_STAGES="setup env tests kernels mlp hlo quant step moe"
-declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [kernels]=120 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
+declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [kernels]=60 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
 declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [kernels]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
 # H200 estimates; measured 2026-11-30 (benchmarks/RESULTS.md): tests 41, mlp 106, hlo 11, quant 5, step
 # ~65 per variant (compile included).
-declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [kernels]=90 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
+declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [kernels]=39 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
 declare -A WHAT=(
   [setup]="pip install .whl/*.whl into $SITE (offline; skipped when maxtext already imports)"
   [env]="date, commit, nvidia-smi, jax version and devices; stops unless jax sees a GPU (--cpu: CPU)"

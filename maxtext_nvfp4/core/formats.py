@@ -111,12 +111,13 @@ def from_bits(b):
 F32_QUIET_NAN = 0x7FC00000
 
 
-def amax_from_bits(abs_bits):
-  """The fp32 amax whose ``|x|`` bits (int32 / uint32, a max of :func:`bits` ``& F32_ABS_MASK``) are
-  ``abs_bits``, any NaN as the quiet NaN ``F32_QUIET_NAN``: a NaN's payload depends on the arithmetic that
-  made it (on the H200 XLA's RHT and a Triton kernel's gave different ones, 2026-12-04), the amax's must not."""
-  b = abs_bits.astype(jnp.uint32)
-  return from_bits(jnp.where(b > np.uint32(F32_EXP_MASK), np.uint32(F32_QUIET_NAN), b))
+def canonical_nan_bits(abs_bits):
+  """``|x|``'s bits (int32 or uint32: :func:`bits` ``& F32_ABS_MASK``) with every NaN as the quiet NaN
+  ``F32_QUIET_NAN``, so that an amax (their max) is the same NaN whatever arithmetic made it (on the H200, XLA's
+  RHT and a Triton kernel's gave different payloads, 2026-12-04). Elementwise before the max: XLA fuses it into
+  that reduce (a select on the reduced scalar was a kernel of its own)."""
+  t = abs_bits.dtype.type
+  return jnp.where(abs_bits > t(F32_EXP_MASK), t(F32_QUIET_NAN), abs_bits)
 
 
 # Sign and NaN forms that give the same bits under every lowering: Pallas's Triton lowering (the kernels of

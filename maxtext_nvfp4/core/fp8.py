@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext_nvfp4.core.formats import E4M3, E5M2, F32_ABS_MASK, FLT_MAX, FloatFormat, amax_from_bits, bits
-from maxtext_nvfp4.core.formats import round_to_format
+from maxtext_nvfp4.core.formats import E4M3, E5M2, F32_ABS_MASK, FLT_MAX, FloatFormat, bits, from_bits
+from maxtext_nvfp4.core.formats import canonical_nan_bits, round_to_format
 from maxtext_nvfp4.core.formats import div_rn, is_zero, to_f32_exact
 
 __all__ = ["E4M3", "E5M2", "FP8Tensor", "dequantize", "quantize", "scale_from_amax"]
@@ -100,8 +100,8 @@ def quantize(x, fmt="e4m3") -> FP8Tensor:
     raise TypeError(f"FP8 quantize needs a floating-point array, got dtype {x.dtype}")
   xf = to_f32_exact(x)
   # Integer max of the magnitude bits: exact and NaN-propagating (NaN bit patterns sort above Inf).
-  amax_bits = jnp.max((bits(xf) & np.uint32(F32_ABS_MASK)).astype(jnp.int32)) if xf.size else jnp.int32(0)
-  amax = amax_from_bits(amax_bits)
+  abs_bits = canonical_nan_bits((bits(xf) & np.uint32(F32_ABS_MASK)).astype(jnp.int32))  # a NaN: the quiet NaN
+  amax = from_bits(jnp.max(abs_bits) if xf.size else jnp.int32(0))
   scale = scale_from_amax(amax, f)
   scale_inv = div_rn(np.float32(1.0), scale)
   scale_inv = jnp.where(jnp.isfinite(amax), scale_inv, amax)

@@ -577,9 +577,10 @@ def _block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None 
   # reductions into one over the whole tensor, which XLA:CPU runs as a reduce-window tree over a
   # materialized int32 copy of it (an extra read and write of 4 bytes per element).
   if rule.row_scaled:
-    amax = formats.amax_from_bits(jnp.max(lax.optimization_barrier(bamax_bits), axis=nb_axis, keepdims=True))
+    amax = _from_bits(jnp.max(formats.canonical_nan_bits(lax.optimization_barrier(bamax_bits)), axis=nb_axis,
+                               keepdims=True))
   else:
-    amax = formats.amax_from_bits(jnp.max(lax.optimization_barrier(bamax_bits)))
+    amax = _from_bits(jnp.max(formats.canonical_nan_bits(lax.optimization_barrier(bamax_bits))))
   return amax, _from_bits(bamax_bits)
 
 

@@ -134,8 +134,9 @@ def _abs_bits(v):
 
 
 def _slice_amax_bits(xb):
-  """Each slice's max |x| (batch first) as :func:`_abs_bits`: XLA's reduce, before the kernels."""
-  return jnp.max(_abs_bits(formats.to_f32_exact(xb)), axis=tuple(range(1, xb.ndim)))
+  """Each slice's max |x| (batch first) as :func:`_abs_bits` (a NaN as the quiet NaN): XLA's reduce, before the
+  kernels."""
+  return jnp.max(formats.canonical_nan_bits(_abs_bits(formats.to_f32_exact(xb))), axis=tuple(range(1, xb.ndim)))
 
 
 def _threefry2x32(k1, k2, x1, x2):
@@ -498,6 +499,11 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
   return call
 
 
+def _rht_amax_bits_of(f, x3, safe: bool, interpret: bool):
+  """Each slice's max |RHT(x)| bits (batch,) (a NaN as the quiet NaN): XLA's max over the kernel's tile maxima."""
+  return jnp.max(formats.canonical_nan_bits(_partitioned_rht_amax(f, safe, interpret)(x3)), axis=(1, 2))
+
+
 def _partitioned_rht_amax(f, safe: bool, interpret: bool):
   """``_rht_amax_call`` under ``custom_partitioning``: tile maxima of each device's shard (the caller's max
   over them is XLA's, across devices)."""
@@ -639,8 +645,8 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
     amax_bits = _slice_amax_bits(xb)
   else:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
-    amax_bits = jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2))
-  amax = formats.amax_from_bits(amax_bits)
+    amax_bits = _rht_amax_bits_of(f, x3, flush_to_zero_safe, interpret)
+  amax = formats.from_bits(amax_bits)
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
                              x.shape[-1], threefry)
@@ -659,13 +665,13 @@ def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bo
   xb = x if batched else x[None]
   e, t, n = xb.shape
   if layout == TILES_2D:
-    amax = formats.amax_from_bits(_slice_amax_bits(xb))
+    amax = formats.from_bits(_slice_amax_bits(xb))
     x6 = xb.reshape(e, t // _BLOCK, _BLOCK, n // _BLOCK, 8, 2)
     packed, scale_bytes = _partitioned_tiles(f, flush_to_zero_safe, interpret)(amax[:, None], x6)
     packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
     return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
-  amax = formats.amax_from_bits(jnp.max(_partitioned_rht_amax(f, flush_to_zero_safe, interpret)(x3), axis=(1, 2)))
+  amax = formats.from_bits(_rht_amax_bits_of(f, x3, flush_to_zero_safe, interpret))
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
   packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(amax[:, None], x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
