@@ -30,11 +30,13 @@ has no gather; the table is the same function of each E4M3 value); SR's two key 
 ``jax.random.bits(key, (2,), uint32)`` from the Threefry key's words by jax's 20 rounds in the kernel
 (:func:`_threefry_bits2`: each of jax's own costs XLA:GPU seconds of compile), after the key's deferred
 ``fold_in`` chain (``prng.FoldedKey``: one ``threefry2x32`` of ``(0, data)`` per fold); round half to even as
-:func:`_rint_nonnegative` (Triton has no ``round``); the RHT matrix from iotas (a kernel captures no array
-constant). The RHT's 16-term fp32 sums run in Triton's order: bit-exact wherever they do not depend on the
-order (nvfp4's RHT contract). ``fl(|x| * enc)`` and the tiny-group upscale are the plain IEEE forms, as on
-XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interpreter on a CPU: the tests) the
-exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
+:func:`_rint_nonnegative` (Triton has no ``round``); the RHT of a group's 16 rows elementwise, each output row
+``nvfp4._rht16_column`` (the matrix entries as literals or from a loop index's bits: a kernel captures no array
+constant), its 16-term fp32 sums left to right where XLA's form reduces in its own order: bit-exact wherever the
+sums do not depend on the order (nvfp4's RHT contract). ``fl(|x| * enc)`` and the tiny-group upscale are the
+plain IEEE forms, as on XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interpreter on a
+CPU: the tests) the exact forms (``flush_to_zero_safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two
+agree).
 
 Sharded operands: ``custom_partitioning`` runs the kernels on each device's shard (blocks stay whole: the
 16 axis is never split) with its slice's amax, the same on every shard of the slice, so the amax is the whole
