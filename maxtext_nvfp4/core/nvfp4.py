@@ -93,8 +93,9 @@ rounding, so the values survive every XLA pass.
 
 Non-finite input (TE's kernels turn NaN into ±6 and would hand finite numbers downstream; we do not):
   * a NaN anywhere makes ``amax`` the quiet NaN 0x7FC00000 on every path, hence every scale NaN and the whole
-    dequantized tensor NaN (and every GEMM using it). ``data`` is then meaningless: every element is +6 (the encode scales are
-    NaN, and NaN converts to +6 as in TE's ``cvt.rn.satfinite``); the NaN amax/scales carry the poison;
+    dequantized tensor NaN (and every GEMM using it). ``data`` is then meaningless: every element is +6 (the
+    encode scales are NaN, and NaN converts to +6 as in TE's ``cvt.rn.satfinite``); the NaN amax/scales carry
+    the poison;
   * an Inf makes ``amax`` Inf: ``data``/``scale`` are exactly TE's (±6 at scale 448 for the Inf's
     block), and the dequantized tensor is ±Inf/NaN everywhere (``amax / 2688`` is Inf).
 """
