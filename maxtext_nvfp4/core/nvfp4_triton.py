@@ -104,7 +104,6 @@ def _pow2_tile(n: int, cap: int) -> int:
 ROWS = "rows"
 COLS_RHT = "cols_rht"
 TILES_2D = "tiles_2d"  # quantize only: 16x16 tiles of a 2D operand (W), TE's byte layout
-_BLOCK_AXIS = {ROWS: 2, COLS_RHT: 1}
 
 
 def _positions(shape, k_ref):
@@ -251,7 +250,7 @@ def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total
   if layout == ROWS:
     xf = formats.to_f32_exact(x_ref[...])
     u = None if words is None else _sr_fraction(f, words, *_positions(xf.shape, k_ref), n_total)
-    v_ref[...] = _value(*_codes_tile(f, xf, _BLOCK_AXIS[layout], c, s_dec, u, safe)).astype(v_ref.dtype)
+    v_ref[...] = _value(*_codes_tile(f, xf, 2, c, s_dec, u, safe)).astype(v_ref.dtype)  # (rows, blocks, 16)
     return
   column = _rht_columns(f, x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
   cols = x_ref.shape[2]
