@@ -32,7 +32,8 @@
 # Then, with the device tool: run(command="bash benchmarks/gpu/run.sh", timeout_s=540,
 #                                 carry=[".whl", ".stub"])      (+ ".jaxcache", see below)
 # Choose stages with STAGES="tests mlp" (setup and env always run); change a limit with T_MLP=150 etc.;
-# the variants of a stage with MLP_VARIANTS=nvfp4, STEP_VARIANTS=fp8,nvfp4, MOE_VARIANTS=bf16,nvfp4.
+# the variants of a stage with MLP_VARIANTS=nvfp4, STEP_VARIANTS=fp8,nvfp4, MOE_VARIANTS=bf16,nvfp4; the
+# kernels stage's tile sweeps with KERNEL_PROGRAMS=values_rht_sr_forms,codes_rht_forms (default all).
 # Results: logs and JSON under OUT_DIR (default ./bench_out). On the device (OUT set by the tool, no
 # OUT_DIR given) they are written to /tmp/bench_work and packed after every stage into $OUT/bench.tgz
 # (+ hlo.tgz, status.txt, summary.md), since at most 8 files come back from $OUT.
@@ -229,7 +230,7 @@ NWORK=$((NPROC / 2 > 8 ? 8 : NPROC / 2))  # the H200 machine has 16 cores: 8 pyt
 has tests && stage tests "JAX_PLATFORMS=$PLATFORM $PY -m pytest -q -p no:cacheprovider $XDIST --durations=10 $TESTS_ARGS"
 
 # kernels: where the MLP's device time goes, and the quantizer kernels' tile choices (exit 1: a choice changed bits).
-has kernels && stage kernels "$PY benchmarks/gpu/kernel_profile.py $KERNEL_ARGS --json $WORK/kernels.json"
+has kernels && stage kernels "$PY benchmarks/gpu/kernel_profile.py $KERNEL_ARGS ${KERNEL_PROGRAMS:+--programs $KERNEL_PROGRAMS} --json $WORK/kernels.json"
 
 # mlp: each variant's correctness check runs before its timing; a failed check exits 1.
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \

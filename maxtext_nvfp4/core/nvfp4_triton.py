@@ -82,6 +82,10 @@ _MAX_BLOCKS = 16
 # 1.63 / 1.71 ms at 32 / 64 / 128 / 256 / 512 columns; W's tiles 0.46 / 0.28 / 0.34 ms at 8 / 16 / 32 tiles.
 _MAX_RHT_COLS = 128
 _MAX_TILES = 16  # 16x16 tiles (TILES_2D) per program: 16 rows x 256 columns
+# COLS_RHT's block maxima: the values and codes kernels read the RHT-amax kernel's (0.25 B/element) instead of
+# transforming each column twice; the maxima of the unrounded sums, rounded back once per column.
+_REUSE_BLOCK_MAXIMA = True
+_AMAX_ROUND_ONCE = True
 
 
 def _rint_nonnegative(t):
@@ -198,22 +202,31 @@ def _int_max(vs):
 
 
 def _rht_columns(f: "Formulas", x_ref, safe: bool):
-  """``nvfp4._rht_exact`` of a kernel's (1, 16, ...) tile, one group: its 16 rows loaded on their own, and
-  ``column(c)`` -> the transform's row c (``c`` an int, or a ``fori_loop`` index): tiny groups (max |x| <
-  2**-60) at 2**64 scale, ``nvfp4._rht16_column``'s sum, one bf16 rounding back at the true size (fp32 on the
-  bf16 grid). Rows, not a (16, cols) tile: every step is elementwise, with no reduction across a tile axis
-  (Triton moves those through shared memory); a loop over c, not 16 unrolled sums, keeps the kernel small
-  enough for Triton to compile in seconds."""
+  """``nvfp4._rht_exact`` of a kernel's (1, 16, ...) tile, one group, as ``(sums, back)``: its 16 rows loaded on
+  their own (tiny groups, max |x| < 2**-60, at 2**64 scale); ``sums(c)`` -> row c of the transform before
+  its rounding (``nvfp4._rht16_column``; ``c`` an int, or a ``fori_loop`` index), ``back(y)`` -> its one bf16
+  rounding at the true size (fp32 on the bf16 grid): the transform's row c is ``back(sums(c))``. Rows, not a
+  (16, cols) tile: every step is elementwise, with no reduction across a tile axis (Triton moves those
+  through shared memory); a loop over c, not 16 unrolled sums, keeps the kernel small enough for Triton to
+  compile in seconds."""
   rows = [formats.to_f32_exact(x_ref[0, r]) for r in range(_BLOCK)]
   tiny = _int_max([_abs_bits(r) for r in rows]) < int(np.float32(f.rht_tiny).view(np.int32))
   up = f.rht_upscale_safe if safe else f.rht_upscale_ieee
   xs = [up(r, tiny) for r in rows]
-  return lambda c: f.rht_round_back(f.rht16_column(xs, c), tiny, rint=_rint_nonnegative)
+  return (lambda c: f.rht16_column(xs, c)), (lambda y: f.rht_round_back(y, tiny, rint=_rint_nonnegative))
 
 
-def _rht_amax_bits(column, shape):
-  """max over the 16 transform rows of ``|column(c)|``'s bits (int32, ``shape``)."""
-  return lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(column(c))), jnp.zeros(shape, jnp.int32))
+def _rht_amax_bits(sums, back, shape):
+  """Block maxima ``max_c |back(sums(c))|`` over the 16 transform rows as :func:`_abs_bits` (int32, ``shape``),
+  a NaN as the quiet NaN (as ``nvfp4._block_amaxes``). With :data:`_AMAX_ROUND_ONCE`, ``back(max_c |sums(c)|)``:
+  the same value, as the rounding back is monotone and odd (one rounding per column instead of 16)."""
+  if _AMAX_ROUND_ONCE:
+    m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
+    m_back = _abs_bits(back(formats.from_bits(m)))
+  else:
+    m = m_back = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(back(sums(c)))),
+                               jnp.zeros(shape, jnp.int32))
+  return jnp.where(m > np.int32(formats.F32_EXP_MASK), np.int32(formats.F32_QUIET_NAN), m_back)
 
 
 def _block_scale(f: "Formulas", bamax, c, s_dec):
@@ -242,9 +255,18 @@ def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   return (*_e2m1(f, xf, enc, u, safe), s8)
 
 
+def _block_maxima_of(f: "Formulas", b_ref, sums, back, shape):
+  """A COLS_RHT tile's block maxima as fp32: read from the RHT-amax kernel's output (``b_ref``), or computed
+  again here (``b_ref`` None)."""
+  return formats.from_bits(_rht_amax_bits(sums, back, shape) if b_ref is None else b_ref[0])
+
+
 def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None,
-                   folds: int):
-  k_ref, x_ref, v_ref = refs if len(refs) == 3 else (None,) + refs
+                   folds: int, sr: bool, block_maxima: bool):
+  refs = list(refs)
+  k_ref = refs.pop(0) if sr else None
+  b_ref = refs.pop(0) if block_maxima else None
+  x_ref, v_ref = refs
   c, s_dec = _scalars(f, a_ref[0])
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
   if layout == ROWS:
@@ -252,14 +274,14 @@ def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total
     u = None if words is None else _sr_fraction(f, words, *_positions(xf.shape, k_ref), n_total)
     v_ref[...] = _value(*_codes_tile(f, xf, 2, c, s_dec, u, safe)).astype(v_ref.dtype)  # (rows, blocks, 16)
     return
-  column = _rht_columns(f, x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
+  sums, back = _rht_columns(f, x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
   cols = x_ref.shape[2]
-  s8, enc = _block_scale(f, formats.from_bits(_rht_amax_bits(column, (cols,))), c, s_dec)
+  s8, enc = _block_scale(f, _block_maxima_of(f, b_ref, sums, back, (cols,)), c, s_dec)
   t, n = (None, None) if words is None else _group_positions(k_ref, cols)
 
   def row(r, carry):
     u = None if words is None else _sr_fraction(f, words, t + r.astype(jnp.uint32), n, n_total)
-    v_ref[0, r, :] = _value(*_e2m1(f, column(r), enc, u, safe), s8).astype(v_ref.dtype)
+    v_ref[0, r, :] = _value(*_e2m1(f, back(sums(r)), enc, u, safe), s8).astype(v_ref.dtype)
     return carry
 
   lax.fori_loop(0, _BLOCK, row, 0)
@@ -279,16 +301,17 @@ def _scale_bytes(f: "Formulas", s8):
   return jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
 
 
-def _codes_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
+def _codes_kernel(a_ref, *refs, f: "Formulas", safe: bool, block_maxima: bool):
   """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
   scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+  b_ref, x_ref, d_ref, e_ref = refs if block_maxima else (None,) + refs
   c, s_dec = _scalars(f, a_ref[0])
-  column = _rht_columns(f, x_ref, safe)
-  s8, enc = _block_scale(f, formats.from_bits(_rht_amax_bits(column, x_ref.shape[2:])), c, s_dec)
+  sums, back = _rht_columns(f, x_ref, safe)
+  s8, enc = _block_scale(f, _block_maxima_of(f, b_ref, sums, back, x_ref.shape[2:]), c, s_dec)
 
   def row(r, carry):
-    d_ref[0, r, :] = _packed_codes(*_e2m1(f, column(r), enc, None, safe), pair_axis=1)
+    d_ref[0, r, :] = _packed_codes(*_e2m1(f, back(sums(r)), enc, None, safe), pair_axis=1)
     return carry
 
   lax.fori_loop(0, _BLOCK, row, 0)
@@ -306,7 +329,7 @@ def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
 
 def _rht_amax_kernel(x_ref, m_ref, *, f: "Formulas", safe: bool):
   """Per tile column: max |RHT(x)| bits over its group's 16 rows (the tensor amax's first step)."""
-  m_ref[0, :] = _rht_amax_bits(_rht_columns(f, x_ref, safe), (x_ref.shape[2],))
+  m_ref[0, :] = _rht_amax_bits(*_rht_columns(f, x_ref, safe), (x_ref.shape[2],))
 
 
 def _tiles(layout: str, shape):
@@ -326,19 +349,25 @@ def _per_slice(a):
   return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
 
 
-def _values_call(amax, keys, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
+def _values_call(amax, keys, bmax, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
                  threefry: bool | None, folds: int):
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
   SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
-  of two), or None (RNE); ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
+  of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns) from
+  :func:`_rht_amax_call`, or None (the kernel computes them); ``threefry`` and ``folds``: as
+  :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
-  operands = (amax, x3) if keys is None else (amax, keys, x3)
+  per_slice = [a for a in (amax, keys) if a is not None]
+  in_specs = [_per_slice(a) for a in per_slice]
+  if bmax is not None:
+    in_specs.append(pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)))
+  operands = per_slice + [a for a in (bmax, x3) if a is not None]
   return pl.pallas_call(
       functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
-                        folds=folds),
+                        folds=folds, sr=keys is not None, block_maxima=bmax is not None),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
-      in_specs=[_per_slice(a) for a in operands[:-1]] + [pl.BlockSpec((None,) + tile, index)],
+      in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
       out_specs=pl.BlockSpec((None,) + tile, index),
       interpret=interpret,
       name=f"nvfp4_values_{layout}" + ("" if keys is None else "_sr"),
@@ -359,23 +388,26 @@ def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
   )(x3)
 
 
-def _codes_call(amax, x4, *, f, safe: bool, interpret: bool):
+def _codes_call(amax, bmax, x4, *, f, safe: bool, interpret: bool):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
-  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1)."""
+  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``bmax``: the block maxima (batch, groups, pairs, 2)
+  from :func:`_rht_amax_call`, or None (the kernel computes them)."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
   index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
+  maxima = [] if bmax is None else [bmax]
+  maxima_spec = [] if bmax is None else [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0))]
   return pl.pallas_call(
-      functools.partial(_codes_kernel, f=f, safe=safe),
+      functools.partial(_codes_kernel, f=f, safe=safe, block_maxima=bmax is not None),
       out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
                  jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
-      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      in_specs=[_per_slice(amax)] + maxima_spec + [pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
       out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
                  pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht",
-  )(amax, x4)
+  )(amax, *maxima, x4)
 
 
 def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
@@ -398,28 +430,32 @@ def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
 
 
 def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ...]):
-  """``encode(amax, xn) -> (packed codes, scale bytes)`` under ``custom_partitioning``: each device encodes its
-  own shard of xn (batch, groups, 16, columns, ...), sharded along the batch, the groups and the columns only
-  (a block's 16 rows and a column pair stay together); the codes have xn's rank minus one, the scale bytes
-  xn's rank, both sharded as xn."""
+  """``encode(amax, [bmax,] xn) -> (packed codes, scale bytes)`` under ``custom_partitioning``: each device
+  encodes its own shard of xn (batch, groups, 16, columns, ...), sharded along the batch, the groups and the
+  columns only (a block's 16 rows and a column pair stay together); ``bmax`` (batch, groups, columns, ...),
+  when the rule names it, sharded as xn without its 16 axis; the codes have xn's rank minus one, the scale
+  bytes xn's rank, both sharded as xn."""
   call = custom_partitioning(encode)
 
-  def specs(x_spec):
-    x_spec = tuple(x_spec) + (None,) * (rank - len(tuple(x_spec)))
+  def specs(arg_shapes):
+    x_spec = tuple(arg_shapes[-1].sharding.spec)
+    x_spec = x_spec + (None,) * (rank - len(x_spec))
     a, g, h = x_spec[0], x_spec[1], x_spec[3]
-    x = PartitionSpec(a, g, None, h, *(None,) * (rank - 4))
-    return PartitionSpec(a, None), x, PartitionSpec(a, g, None, h, *(None,) * (rank - 5)), x
+    rest = (None,) * (rank - 4)
+    ins = [PartitionSpec(a, None)] + [PartitionSpec(a, g, h, *rest)] * (len(arg_shapes) - 2)
+    x = PartitionSpec(a, g, None, h, *rest)
+    return ins + [x], PartitionSpec(a, g, None, h, *(None,) * (rank - 5)), x
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
-    _, _, d, e = specs(arg_shapes[1].sharding.spec)
+    _, d, e = specs(arg_shapes)
     return NamedSharding(mesh, d), NamedSharding(mesh, e)
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    s, x, d, e = specs(arg_shapes[1].sharding.spec)
+    ins, d, e = specs(arg_shapes)
     return (mesh, encode, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
-            (NamedSharding(mesh, s), NamedSharding(mesh, x)))
+            tuple(NamedSharding(mesh, s) for s in ins))
 
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                      need_replication_factors=replicated)
@@ -433,11 +469,15 @@ def _partitioned_tiles(f, safe: bool, interpret: bool):
                               "a s, a g r h p q -> a g r h p, a g o h u v", ("s", "r", "p", "q"))
 
 
-def _partitioned_codes(f, safe: bool, interpret: bool):
+def _partitioned_codes(f, safe: bool, interpret: bool, block_maxima: bool):
   """``_codes_call`` per device: groups and column pairs shardable, the 16 rows of a group and the 2 columns
-  of a pair together."""
-  return _partitioned_encoder(lambda amax, x4: _codes_call(amax, x4, f=f, safe=safe, interpret=interpret), 5,
-                              "a s, a g e h p -> a g e h, a g o h p", ("s", "e", "p"))
+  of a pair together (``block_maxima``: with the RHT-amax kernel's block maxima as an operand)."""
+  if block_maxima:
+    return _partitioned_encoder(
+        lambda amax, bmax, x4: _codes_call(amax, bmax, x4, f=f, safe=safe, interpret=interpret), 5,
+        "a s, a g h p, a g e h p -> a g e h, a g o h p", ("s", "p", "e"))  # in the rule's order
+  return _partitioned_encoder(lambda amax, x4: _codes_call(amax, None, x4, f=f, safe=safe, interpret=interpret),
+                              5, "a s, a g e h p -> a g e h, a g o h p", ("s", "e", "p"))
 
 
 def _shard_start(mesh, axes, local: int):
@@ -459,13 +499,14 @@ def _x3_spec(layout: str, spec):
 
 
 def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
-                        threefry: bool | None):
+                        threefry: bool | None, block_maxima: bool):
   """``_values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks with
   its slice's amax; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not. ``seeds``:
-  (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`)."""
+  (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`); ``block_maxima`` (COLS_RHT): the
+  call takes the RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3."""
 
-  def on_shard(amax, seeds, x3, mesh=None, spec=(None, None, None, None)):
+  def on_shard(amax, seeds, bmax, x3, mesh=None, spec=(None, None, None, None)):
     keys = None
     if sr:
       # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
@@ -475,34 +516,48 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
       keys = jnp.pad(seeds, ((0, 0), (0, width - seeds.shape[1])))
       col = lax.broadcasted_iota(jnp.uint32, keys.shape, 1)  # elementwise: XLA fuses it with the seeds' producer
       keys = keys + jnp.where(col == width - 2, t0, np.uint32(0)) + jnp.where(col == width - 1, n0, np.uint32(0))
-    return _values_call(amax, keys, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
+    return _values_call(amax, keys, bmax, x3, f=f, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
                         n_total=n_total, threefry=threefry, folds=seeds.shape[1] - 2)
 
-  def run(amax, seeds, x3):  # custom_partitioning binds every parameter of its function: three
-    return on_shard(amax, seeds, x3)
+  # custom_partitioning binds every parameter of its function: three or four
+  if block_maxima:
+    def run(amax, seeds, bmax, x3):
+      return on_shard(amax, seeds, bmax, x3)
+  else:
+    def run(amax, seeds, x3):
+      return on_shard(amax, seeds, None, x3)
 
   call = custom_partitioning(run)
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
-    return NamedSharding(mesh, _x3_spec(layout, arg_shapes[2].sharding.spec))
+    return NamedSharding(mesh, _x3_spec(layout, arg_shapes[-1].sharding.spec))
 
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
-    x_sharding = NamedSharding(mesh, _x3_spec(layout, arg_shapes[2].sharding.spec))
-    per_slice = NamedSharding(mesh, PartitionSpec(x_sharding.spec[0], None))  # amax and seeds
-    lower = lambda s, k, x: on_shard(s, k, x, mesh, tuple(x_sharding.spec))  # noqa: E731
-    return mesh, lower, x_sharding, (per_slice, per_slice, x_sharding)
+    x_sharding = NamedSharding(mesh, _x3_spec(layout, arg_shapes[-1].sharding.spec))
+    spec = tuple(x_sharding.spec)
+    per_slice = NamedSharding(mesh, PartitionSpec(spec[0], None))  # amax and seeds
+    if block_maxima:
+      lower = lambda s, k, b, x: on_shard(s, k, b, x, mesh, spec)  # noqa: E731
+      maxima = (NamedSharding(mesh, PartitionSpec(spec[0], spec[1], spec[3])),)
+    else:
+      lower = lambda s, k, x: on_shard(s, k, None, x, mesh, spec)  # noqa: E731
+      maxima = ()
+    return mesh, lower, x_sharding, (per_slice, per_slice, *maxima, x_sharding)
 
-  rule = "a s, a t, a r b e -> a r b e" if layout == ROWS else "a s, a t, a g e c -> a g e c"
+  rule = ("a s, a t, a r b e -> a r b e" if layout == ROWS else
+          "a s, a t, a g c, a g e c -> a g e c" if block_maxima else "a s, a t, a g e c -> a g e c")
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                      need_replication_factors=("s", "t", "e"))
   return call
 
 
-def _rht_amax_bits_of(f, x3, safe: bool, interpret: bool):
-  """Each slice's max |RHT(x)| bits (batch,) (a NaN as the quiet NaN): XLA's max over the kernel's tile maxima."""
-  return jnp.max(formats.canonical_nan_bits(_partitioned_rht_amax(f, safe, interpret)(x3)), axis=(1, 2))
+def _rht_block_maxima(f, x3, safe: bool, interpret: bool):
+  """(block maxima (batch, groups, columns), each slice's max |RHT(x)| (batch,)), both as :func:`_abs_bits` (a
+  NaN as the quiet NaN): the RHT-amax kernel's output and XLA's max over it."""
+  bmax = _partitioned_rht_amax(f, safe, interpret)(x3)
+  return bmax, jnp.max(bmax, axis=(1, 2))
 
 
 def _partitioned_rht_amax(f, safe: bool, interpret: bool):
@@ -641,17 +696,19 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   f = formulas
   xb = x if batched else x[None]
   e = xb.shape[0]
+  maxima = []
   if layout == ROWS:
     x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
     amax_bits = _slice_amax_bits(xb)
   else:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
-    amax_bits = _rht_amax_bits_of(f, x3, flush_to_zero_safe, interpret)
+    bmax, amax_bits = _rht_block_maxima(f, x3, flush_to_zero_safe, interpret)
+    maxima = [bmax] if _REUSE_BLOCK_MAXIMA else []
   amax = formats.from_bits(amax_bits)
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
-                             x.shape[-1], threefry)
-  values = call(amax[:, None], seeds, x3).reshape(x.shape)
+                             x.shape[-1], threefry, bool(maxima))
+  values = call(amax[:, None], seeds, *maxima, x3).reshape(x.shape)
   return values, (amax if batched else amax[0])
 
 
@@ -672,8 +729,11 @@ def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bo
     packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
     return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
-  amax = formats.from_bits(_rht_amax_bits_of(f, x3, flush_to_zero_safe, interpret))
+  bmax, amax_bits = _rht_block_maxima(f, x3, flush_to_zero_safe, interpret)
+  amax = formats.from_bits(amax_bits)
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
-  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(amax[:, None], x4)
+  maxima = [bmax.reshape(e, t // _BLOCK, n // 2, 2)] if _REUSE_BLOCK_MAXIMA else []
+  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret, bool(maxima))(amax[:, None], *maxima,
+                                                                                          x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
   return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])

@@ -46,14 +46,15 @@ pytestmark = [
 # since then the Triton kernels (core/nvfp4_triton.py): v1d and v1d_sr 6.00, i.e. x read twice (amax,
 # kernel) and the values written once; v0_rht_sr 6.50 (the same, plus the RHT amax kernel's per-group maxima);
 # qrht (until then 12.44) 5.06: x read twice, the packed codes (0.5) and scale bytes written once. Since
-# 2026-12-04 q2d (W's 16x16 tiles, until then 5.08) 4.50: W read twice, the packed codes written once.
+# 2026-12-04 q2d (W's 16x16 tiles, until then 5.08) 4.50: W read twice, the packed codes written once; the
+# RHT values and codes kernels read the RHT-amax kernel's block maxima (+0.25): qrht 5.31, v0_rht_sr 6.75.
 _QUANTIZER_BOUNDS = {
     "q1d": (6.35, 1, 9),
     "q2d": (4.51, 1, 0),
-    "qrht": (5.07, 1, 0),
+    "qrht": (5.32, 1, 0),
     "v1d": (6.01, 1, 0),
     "v1d_sr": (6.01, 1, 0),
-    "v0_rht_sr": (6.51, 1, 0),
+    "v0_rht_sr": (6.76, 1, 0),
 }
 
 
@@ -84,9 +85,9 @@ def test_quantizer_bytes_on_h200(case):
 
 # The SwiGLU MLP fwd+bwd at T=8192 D=4096 F=14336 (mlp_bench's H200 shape), nvfp4 full recipe vs bf16 (2.19
 # GiB non-GEMM, 1600 MiB): bounds on the extra non-GEMM GiB over bf16 and on the compiled total, each the
-# measured value and a small slack (measured 5.72 GiB and 1824 MiB = 1.14x; the history in benchmarks/RESULTS.md).
+# measured value and a small slack (measured 5.82 GiB and 1824 MiB = 1.14x; the history in benchmarks/RESULTS.md).
 # #25's targets: <= 6 GiB and <= 1.25x bf16 (2000 MiB).
-_MLP_EXTRA_OTHER_GIB = 5.80
+_MLP_EXTRA_OTHER_GIB = 5.85
 _MLP_TOTAL_MIB = 1830
 
 
