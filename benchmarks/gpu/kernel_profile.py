@@ -7,10 +7,9 @@ Two parts, both printed as tables and written to ``--json``:
              class: ``gemm`` (cuBLAS / CUTLASS / XLA's Triton GEMM fusions), ``pallas`` (our Triton
              kernels, named ``nvfp4_*``), ``other`` (XLA's fusions, copies). Time per call = total / iters.
 ``tiles``    each of the Pallas quantizer kernels' programs (1x16 values with SR, RHT values with SR, the
-             RHT codes of x, W's 16x16 tiles) at the MLP's shapes, once per tile choice or form
-             (``nvfp4_triton``'s ``_MAX_*``, ``_REUSE_BLOCK_MAXIMA`` and ``_AMAX_ROUND_ONCE``, set before
-             tracing); each choice's output is checked bit for bit against the first choice's before it is
-             timed (best and median of ``--iters``).
+             RHT codes of x, W's 16x16 tiles) at the MLP's shapes, once per tile choice
+             (``nvfp4_triton``'s ``_MAX_*`` constants, set before tracing); each choice's output is checked
+             bit for bit against the first choice's before it is timed (best and median of ``--iters``).
 
     python benchmarks/gpu/kernel_profile.py --json out.json              # H200: both parts
     python benchmarks/gpu/kernel_profile.py --preset tiny --parts tiles  # CPU: proves the script
@@ -127,18 +126,13 @@ def _programs(t: int, d: int, f: int):
   w = jax.random.normal(k[2], (d, f), jnp.bfloat16)
   key = prng.fold_in(jax.random.key(7), 2)
   rht_cols = dict(_MAX_RHT_COLS=(64, 128, 256))
-  # the RHT kernels' block maxima: computed in each kernel or read from the RHT-amax kernel's; every row's sum
-  # rounded back before the max, or the max rounded back once
-  rht_forms = dict(_REUSE_BLOCK_MAXIMA=(False, False, True, True), _AMAX_ROUND_ONCE=(False, True, False, True))
   values_rht_sr = lambda a: nvfp4.quantize_values(a, axis=0, rht=True, stochastic_key=key)  # noqa: E731
   codes_rht = lambda a: nvfp4.quantize(a, axis=0, rht=True)  # noqa: E731
   return {
       # wgrad's dy, RHT along T, SR
       "values_rht_sr": (values_rht_sr, dy, rht_cols),
-      "values_rht_sr_forms": (values_rht_sr, dy, rht_forms),
       # wgrad's x, RHT along T, RNE codes
       "codes_rht": (codes_rht, x, rht_cols),
-      "codes_rht_forms": (codes_rht, x, rht_forms),
       # dgrad's dy, 1x16 along F, SR
       "values_rows_sr": (lambda a: nvfp4.quantize_values(a, axis=-1, stochastic_key=key), dy,
                          dict(_MAX_ROWS=(16, 32, 64), _MAX_BLOCKS=(16, 8, 4))),

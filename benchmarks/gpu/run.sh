@@ -33,7 +33,7 @@
 #                                 carry=[".whl", ".stub"])      (+ ".jaxcache", see below)
 # Choose stages with STAGES="tests mlp" (setup and env always run); change a limit with T_MLP=150 etc.;
 # the variants of a stage with MLP_VARIANTS=nvfp4, STEP_VARIANTS=fp8,nvfp4, MOE_VARIANTS=bf16,nvfp4; the
-# kernels stage's tile sweeps with KERNEL_PROGRAMS=values_rht_sr_forms,codes_rht_forms (default all).
+# kernels stage's tile sweeps with KERNEL_PROGRAMS=values_rht_sr,codes_rht (default all).
 # Results: logs and JSON under OUT_DIR (default ./bench_out). On the device (OUT set by the tool, no
 # OUT_DIR given) they are written to /tmp/bench_work and packed after every stage into $OUT/bench.tgz
 # (+ hlo.tgz, status.txt, summary.md), since at most 8 files come back from $OUT.

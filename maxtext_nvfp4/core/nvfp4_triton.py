@@ -7,10 +7,11 @@ them back for the tensor amax and for a block-level kernel, which writes ``s8`` 
 pass to read (8.00 B/element for a bf16 operand; the RHT operand also writes and reads the transform: 14.13;
 H200 compile, 2026-12-01/03). Here, for a tile of whole 16-element blocks, in registers::
 
-    pass 1:   amax = max |x|  (XLA reduce; ROWS)  or  max |RHT(x)|  (a kernel: per-tile maxima; COLS_RHT)
+    pass 1:   amax = max |x|  (XLA reduce; ROWS)  or  max |RHT(x)|  (COLS_RHT: a kernel writes the block
+              maxima bamax, 0.25 B/element, and XLA reduces them)
     scalars:  S_enc, S_dec = nvfp4._global_scales(amax);  c = fl(S_enc * fl(1/6))   (in the kernel, per tile)
     pass 2:   [y = RHT(x) as nvfp4._rht_exact: tiny groups at 2**64, one bf16 rounding]    (COLS_RHT)
-              bamax = max |y| over the 16
+              bamax = max |y| over the 16                    (ROWS; COLS_RHT reads pass 1's)
               s8    = rnd(min(fl(bamax * c), 448), E4M3)
               enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)          per block, from integers
               k     = E2M1 code of fl(|y| * enc) (RNE, or SR with nvfp4._random_bytes' byte of the element)
@@ -82,10 +83,6 @@ _MAX_BLOCKS = 16
 # 1.63 / 1.71 ms at 32 / 64 / 128 / 256 / 512 columns; W's tiles 0.46 / 0.28 / 0.34 ms at 8 / 16 / 32 tiles.
 _MAX_RHT_COLS = 128
 _MAX_TILES = 16  # 16x16 tiles (TILES_2D) per program: 16 rows x 256 columns
-# COLS_RHT's block maxima: the values and codes kernels read the RHT-amax kernel's (0.25 B/element) instead of
-# transforming each column twice; the maxima of the unrounded sums, rounded back once per column.
-_REUSE_BLOCK_MAXIMA = True
-_AMAX_ROUND_ONCE = True
 
 
 def _rint_nonnegative(t):
@@ -218,14 +215,11 @@ def _rht_columns(f: "Formulas", x_ref, safe: bool):
 
 def _rht_amax_bits(sums, back, shape):
   """Block maxima ``max_c |back(sums(c))|`` over the 16 transform rows as :func:`_abs_bits` (int32, ``shape``),
-  a NaN as the quiet NaN (as ``nvfp4._block_amaxes``). With :data:`_AMAX_ROUND_ONCE`, ``back(max_c |sums(c)|)``:
-  the same value, as the rounding back is monotone and odd (one rounding per column instead of 16)."""
-  if _AMAX_ROUND_ONCE:
-    m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
-    m_back = _abs_bits(back(formats.from_bits(m)))
-  else:
-    m = m_back = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(back(sums(c)))),
-                               jnp.zeros(shape, jnp.int32))
+  a NaN as the quiet NaN (as ``nvfp4._block_amaxes``), computed as ``back(max_c |sums(c)|)``: the same value,
+  as the rounding back is monotone and odd, with one rounding per column instead of 16 (H200, 8192x14336:
+  the RHT codes of x 0.42 -> 0.33 ms; benchmarks/RESULTS.md, 2026-12-04 15:06)."""
+  m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
+  m_back = _abs_bits(back(formats.from_bits(m)))
   return jnp.where(m > np.int32(formats.F32_EXP_MASK), np.int32(formats.F32_QUIET_NAN), m_back)
 
 
@@ -255,17 +249,11 @@ def _codes_tile(f: "Formulas", xf, axis, c, s_dec, u, safe: bool):
   return (*_e2m1(f, xf, enc, u, safe), s8)
 
 
-def _block_maxima_of(f: "Formulas", b_ref, sums, back, shape):
-  """A COLS_RHT tile's block maxima as fp32: read from the RHT-amax kernel's output (``b_ref``), or computed
-  again here (``b_ref`` None)."""
-  return formats.from_bits(_rht_amax_bits(sums, back, shape) if b_ref is None else b_ref[0])
-
-
 def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total: int, threefry: bool | None,
-                   folds: int, sr: bool, block_maxima: bool):
+                   folds: int, sr: bool):
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
-  b_ref = refs.pop(0) if block_maxima else None
+  b_ref = refs.pop(0) if layout == COLS_RHT else None  # the RHT-amax kernel's block maxima
   x_ref, v_ref = refs
   c, s_dec = _scalars(f, a_ref[0])
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
@@ -276,7 +264,7 @@ def _values_kernel(a_ref, *refs, f: "Formulas", layout: str, safe: bool, n_total
     return
   sums, back = _rht_columns(f, x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
   cols = x_ref.shape[2]
-  s8, enc = _block_scale(f, _block_maxima_of(f, b_ref, sums, back, (cols,)), c, s_dec)
+  s8, enc = _block_scale(f, formats.from_bits(b_ref[0]), c, s_dec)
   t, n = (None, None) if words is None else _group_positions(k_ref, cols)
 
   def row(r, carry):
@@ -301,14 +289,13 @@ def _scale_bytes(f: "Formulas", s8):
   return jnp.where(jnp.isnan(s8), 0x7F, f.e4m3_code(s8)).astype(jnp.uint8)
 
 
-def _codes_kernel(a_ref, *refs, f: "Formulas", safe: bool, block_maxima: bool):
+def _codes_kernel(a_ref, b_ref, x_ref, d_ref, e_ref, *, f: "Formulas", safe: bool):
   """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``nvfp4.pack``) and the E4M3 block
   scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
-  b_ref, x_ref, d_ref, e_ref = refs if block_maxima else (None,) + refs
   c, s_dec = _scalars(f, a_ref[0])
   sums, back = _rht_columns(f, x_ref, safe)
-  s8, enc = _block_scale(f, _block_maxima_of(f, b_ref, sums, back, x_ref.shape[2:]), c, s_dec)
+  s8, enc = _block_scale(f, formats.from_bits(b_ref[0]), c, s_dec)
 
   def row(r, carry):
     d_ref[0, r, :] = _packed_codes(*_e2m1(f, back(sums(r)), enc, None, safe), pair_axis=1)
@@ -364,7 +351,7 @@ def _values_call(amax, keys, bmax, x3, *, f, layout: str, dtype, safe: bool, int
   operands = per_slice + [a for a in (bmax, x3) if a is not None]
   return pl.pallas_call(
       functools.partial(_values_kernel, f=f, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
-                        folds=folds, sr=keys is not None, block_maxima=bmax is not None),
+                        folds=folds, sr=keys is not None),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
       in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
@@ -391,23 +378,22 @@ def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
 def _codes_call(amax, bmax, x4, *, f, safe: bool, interpret: bool):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
   (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``bmax``: the block maxima (batch, groups, pairs, 2)
-  from :func:`_rht_amax_call`, or None (the kernel computes them)."""
+  from :func:`_rht_amax_call`."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
   index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
-  maxima = [] if bmax is None else [bmax]
-  maxima_spec = [] if bmax is None else [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0))]
   return pl.pallas_call(
-      functools.partial(_codes_kernel, f=f, safe=safe, block_maxima=bmax is not None),
+      functools.partial(_codes_kernel, f=f, safe=safe),
       out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
                  jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
-      in_specs=[_per_slice(amax)] + maxima_spec + [pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0)),
+                pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
       out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
                  pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht",
-  )(amax, *maxima, x4)
+  )(amax, bmax, x4)
 
 
 def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
@@ -469,15 +455,12 @@ def _partitioned_tiles(f, safe: bool, interpret: bool):
                               "a s, a g r h p q -> a g r h p, a g o h u v", ("s", "r", "p", "q"))
 
 
-def _partitioned_codes(f, safe: bool, interpret: bool, block_maxima: bool):
+def _partitioned_codes(f, safe: bool, interpret: bool):
   """``_codes_call`` per device: groups and column pairs shardable, the 16 rows of a group and the 2 columns
-  of a pair together (``block_maxima``: with the RHT-amax kernel's block maxima as an operand)."""
-  if block_maxima:
-    return _partitioned_encoder(
-        lambda amax, bmax, x4: _codes_call(amax, bmax, x4, f=f, safe=safe, interpret=interpret), 5,
-        "a s, a g h p, a g e h p -> a g e h, a g o h p", ("s", "p", "e"))  # in the rule's order
-  return _partitioned_encoder(lambda amax, x4: _codes_call(amax, None, x4, f=f, safe=safe, interpret=interpret),
-                              5, "a s, a g e h p -> a g e h, a g o h p", ("s", "e", "p"))
+  of a pair together; the block maxima sharded as x4 without its 16 axis."""
+  return _partitioned_encoder(
+      lambda amax, bmax, x4: _codes_call(amax, bmax, x4, f=f, safe=safe, interpret=interpret), 5,
+      "a s, a g h p, a g e h p -> a g e h, a g o h p", ("s", "p", "e"))  # need_replication: in the rule's order
 
 
 def _shard_start(mesh, axes, local: int):
@@ -499,12 +482,12 @@ def _x3_spec(layout: str, spec):
 
 
 def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
-                        threefry: bool | None, block_maxima: bool):
+                        threefry: bool | None):
   """``_values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks with
   its slice's amax; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not. ``seeds``:
-  (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`); ``block_maxima`` (COLS_RHT): the
-  call takes the RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3."""
+  (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`); COLS_RHT's call also takes the
+  RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3."""
 
   def on_shard(amax, seeds, bmax, x3, mesh=None, spec=(None, None, None, None)):
     keys = None
@@ -520,6 +503,7 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
                         n_total=n_total, threefry=threefry, folds=seeds.shape[1] - 2)
 
   # custom_partitioning binds every parameter of its function: three or four
+  block_maxima = layout == COLS_RHT
   if block_maxima:
     def run(amax, seeds, bmax, x3):
       return on_shard(amax, seeds, bmax, x3)
@@ -696,18 +680,17 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, formulas: For
   f = formulas
   xb = x if batched else x[None]
   e = xb.shape[0]
-  maxima = []
   if layout == ROWS:
     x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
-    amax_bits = _slice_amax_bits(xb)
+    maxima, amax_bits = [], _slice_amax_bits(xb)
   else:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
     bmax, amax_bits = _rht_block_maxima(f, x3, flush_to_zero_safe, interpret)
-    maxima = [bmax] if _REUSE_BLOCK_MAXIMA else []
+    maxima = [bmax]
   amax = formats.from_bits(amax_bits)
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(f, layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
-                             x.shape[-1], threefry, bool(maxima))
+                             x.shape[-1], threefry)
   values = call(amax[:, None], seeds, *maxima, x3).reshape(x.shape)
   return values, (amax if batched else amax[0])
 
@@ -732,8 +715,7 @@ def quantize_codes(x, layout: str = COLS_RHT, *, formulas: Formulas, batched: bo
   bmax, amax_bits = _rht_block_maxima(f, x3, flush_to_zero_safe, interpret)
   amax = formats.from_bits(amax_bits)
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
-  maxima = [bmax.reshape(e, t // _BLOCK, n // 2, 2)] if _REUSE_BLOCK_MAXIMA else []
-  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret, bool(maxima))(amax[:, None], *maxima,
-                                                                                          x4)
+  bmax = bmax.reshape(e, t // _BLOCK, n // 2, 2)
+  packed, scale_bytes = _partitioned_codes(f, flush_to_zero_safe, interpret)(amax[:, None], bmax, x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
   return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])

@@ -155,6 +155,29 @@ def test_rht_column_of_unit_rows_is_tes_matrix(traced):
   assert np.array_equal(got, np.asarray(nv.rht_matrix()))
 
 
+def test_rht_block_maxima_round_back_once_equal_the_rounded_rows_maxima():
+  """The RHT kernels' block maxima round the maximum of the unrounded sums back once (``_rht_amax_bits``);
+  bit for bit the maximum of the 16 rounded rows, canonical NaN included: sums across bf16 ties, the tiny
+  groups' subnormal boundary (2**-62 at their 2**64 scale), rounding up to Inf, Inf and NaN with a payload."""
+  rng = np.random.default_rng(12)
+  cols = 4096
+  y = rng.standard_normal((16, cols)).astype(np.float32) * np.exp2(rng.integers(-70, 127, (1, cols))).astype(np.float32)
+  y[:, :64] = np.float32(2.0**-62) * (1 + rng.integers(-300, 300, (16, 64)).astype(np.float32) * 2.0**-9)
+  ties = (np.arange(1, 17, dtype=np.uint32)[:, None] * 0x10000 + 0x3F808000).view(np.float32)  # 1 + (2k+1) 2**-8
+  y[:, 64:80] = np.broadcast_to(ties, (16, 16)) * np.where(rng.random((16, 16)) < 0.5, -1, 1)
+  y[3, 80] = np.float32(3.4e38)  # rounds to Inf in bf16
+  y[5, 81] = -np.inf
+  y[7, 82] = np.uint32(0x7FA00005).view(np.float32)  # a NaN with a payload
+  tiny = jnp.asarray(rng.random(cols) < 0.5).at[:64].set(True).at[80:83].set(False)
+  rows = jnp.asarray(y)
+  back = lambda v: nv._rht_round_back(v, tiny, rint=nt._rint_nonnegative)  # noqa: E731
+  got = jax.jit(lambda r: nt._rht_amax_bits(lambda c: r[c], back, (cols,)))(rows)
+  want = jnp.max(jnp.stack([nt._abs_bits(back(rows[c])) for c in range(16)]), axis=0)
+  want = jnp.where(want > 0x7F800000, 0x7FC00000, want)
+  assert np.array_equal(np.asarray(got), np.asarray(want))
+  assert int(got[80]) == 0x7F800000 and int(got[81]) == 0x7F800000 and int(got[82]) == 0x7FC00000
+
+
 def test_nan_operand_poisons_every_value_as_the_xla_form():
   x = _operand(np.random.default_rng(5), (32, 64), jnp.bfloat16).at[3, 7].set(jnp.nan)
   got_v, got_amax = _kernel_values(x)
