@@ -136,9 +136,12 @@ def _abs_bits(v):
 
 
 def _slice_amax_bits(xb):
-  """Each slice's max |x| (batch first) as :func:`_abs_bits` (a NaN as the quiet NaN): XLA's reduce, before the
-  kernels."""
-  return jnp.max(formats.canonical_nan_bits(_abs_bits(formats.to_f32_exact(xb))), axis=tuple(range(1, xb.ndim)))
+  """Each slice's max |x| (batch first) as :func:`_abs_bits` (a NaN as the quiet NaN), uint32: XLA's reduce, before
+  the kernels. In uint32 (the same order for these non-negative bits): XLA:GPU sent an int32 max's last step (a
+  few thousand partial maxima to a scalar) to a Triton fusion of its own, one more program to compile for each
+  quantizer (deviceless H200, 2026-12-04); a uint32 max stays on its own reduction emitter."""
+  bits = formats.canonical_nan_bits(_abs_bits(formats.to_f32_exact(xb))).astype(jnp.uint32)
+  return jnp.max(bits, axis=tuple(range(1, xb.ndim)))
 
 
 def _threefry2x32(k1, k2, x1, x2):
@@ -336,6 +339,9 @@ def _per_slice(a):
   return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
 
 
+# jit: a kernel traced once per distinct call (shapes and parameters), not at every call site (~0.3 s each).
+@functools.partial(jax.jit, static_argnames=("f", "layout", "dtype", "safe", "interpret", "n_total", "threefry",
+                                             "folds"))
 def _values_call(amax, keys, bmax, x3, *, f, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
                  threefry: bool | None, folds: int):
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
@@ -361,6 +367,7 @@ def _values_call(amax, keys, bmax, x3, *, f, layout: str, dtype, safe: bool, int
   )(*operands)
 
 
+@functools.partial(jax.jit, static_argnames=("f", "safe", "interpret"))
 def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
   """Per (group, column) tile maxima of |RHT(x)| as int32 bits: (batch, groups, cols)."""
   tile, grid, index = _tiles(COLS_RHT, x3.shape)
@@ -375,6 +382,7 @@ def _rht_amax_call(x3, *, f, safe: bool, interpret: bool):
   )(x3)
 
 
+@functools.partial(jax.jit, static_argnames=("f", "safe", "interpret"))
 def _codes_call(amax, bmax, x4, *, f, safe: bool, interpret: bool):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
   (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``bmax``: the block maxima (batch, groups, pairs, 2)
@@ -396,6 +404,7 @@ def _codes_call(amax, bmax, x4, *, f, safe: bool, interpret: bool):
   )(amax, bmax, x4)
 
 
+@functools.partial(jax.jit, static_argnames=("f", "safe", "interpret"))
 def _tiles_call(amax, x6, *, f, safe: bool, interpret: bool):
   """(packed codes (batch, K/16, 16, N/16, 8) uint8, scale bytes (batch, K/16, 1, N/16, 1, 1) uint8) of W viewed
   as x6 (batch, K/16, 16, N/16, 8, 2); ``amax`` (batch, 1)."""
@@ -539,9 +548,10 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
 
 def _rht_block_maxima(f, x3, safe: bool, interpret: bool):
   """(block maxima (batch, groups, columns), each slice's max |RHT(x)| (batch,)), both as :func:`_abs_bits` (a
-  NaN as the quiet NaN): the RHT-amax kernel's output and XLA's max over it."""
+  NaN as the quiet NaN): the RHT-amax kernel's output and XLA's max over it (in uint32, as
+  :func:`_slice_amax_bits`)."""
   bmax = _partitioned_rht_amax(f, safe, interpret)(x3)
-  return bmax, jnp.max(bmax, axis=(1, 2))
+  return bmax, jnp.max(bmax.astype(jnp.uint32), axis=(1, 2))
 
 
 def _partitioned_rht_amax(f, safe: bool, interpret: bool):

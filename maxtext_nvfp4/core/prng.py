@@ -19,6 +19,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["FoldedKey", "fold_in", "is_threefry", "resolve", "split_chain"]
 
@@ -64,6 +65,11 @@ def fold_in(key, data):
   base, chain = (key.key, key.data) if isinstance(key, FoldedKey) else (key, None)
   batch = _batch_shape(base)
   d = jnp.broadcast_to(jnp.uint32(data), batch)[..., None]
+  if isinstance(data, (int, np.integer)):
+    # A constant behind a barrier: XLA cannot fold it into the small fusion that assembles the kernel's key
+    # words, so that fusion is the same at every call site and compiles once (each distinct constant made it a
+    # kernel of its own: 56 in a 4-layer MoE step, each compiled on its own; benchmarks/RESULTS.md, 2026-12-04).
+    d = jax.lax.optimization_barrier(d)
   return FoldedKey(key=base, data=d if chain is None else jnp.concatenate([chain, d], axis=-1))
 
 

@@ -17,6 +17,7 @@ not the core suite: skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def test_mlp_fwdbwd_bytes_and_memory_on_h200():
   # The SR keys' fold_in chains (one GEMM's key, its dgrad and wgrad copies) and bits run in the kernels
   # (core/prng.py): no Threefry instruction left to XLA, whose fusion took seconds to compile each.
   assert "threefry" not in nvfp4["hlo"], [l for l in nvfp4["hlo"].splitlines() if "threefry" in l][:3]
+  # Compile time: XLA:GPU compiles each distinct fusion on its own (config assignment, then code). fold_in's
+  # constants stay out of the fusion that assembles the kernels' key words (core/prng.py: one fusion for every
+  # call site), and each amax's last reduce is XLA's own reduction emitter (an int32 max of a small vector went to
+  # a Triton fusion of its own; uint32 does not). Before: 8 Triton reduce fusions, a constant in the key words.
+  pads = re.findall(r"^%fused_pad[.\d]* \(.*?^}", nvfp4["hlo"], re.M | re.S)
+  assert not [p for p in pads if re.search(r"u32\[[\d,]*\](\{[\d,]*\})? constant\(\{?[1-9]", p)], pads
+  assert '"kind":"__triton"' not in nvfp4["hlo"], summary
 
 
 # MoE's expert GEMMs (a batched dot_general: 8 experts, 8x1024x4096 . 8x4096x4096) fwd+bwd, nvfp4 full recipe:
