@@ -219,8 +219,8 @@ def _rht_columns(f: "Formulas", x_ref, safe: bool):
 def _rht_amax_bits(sums, back, shape):
   """Block maxima ``max_c |back(sums(c))|`` over the 16 transform rows as :func:`_abs_bits` (int32, ``shape``),
   a NaN as the quiet NaN (as ``nvfp4._block_amaxes``), computed as ``back(max_c |sums(c)|)``: the same value,
-  as the rounding back is monotone and odd, with one rounding per column instead of 16 (H200, 8192x14336:
-  the RHT codes of x 0.42 -> 0.33 ms; benchmarks/RESULTS.md, 2026-12-04 15:06)."""
+  as the rounding back is monotone and odd, with one rounding per column instead of 16 (H200: the RHT codes of
+  an 8192x4096 x 0.42 -> 0.33 ms; benchmarks/RESULTS.md, 2026-12-04 15:06)."""
   m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
   m_back = _abs_bits(back(formats.from_bits(m)))
   return jnp.where(m > np.int32(formats.F32_EXP_MASK), np.int32(formats.F32_QUIET_NAN), m_back)
@@ -347,8 +347,7 @@ def _values_call(amax, keys, bmax, x3, *, f, layout: str, dtype, safe: bool, int
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
   SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
   of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns) from
-  :func:`_rht_amax_call`, or None (the kernel computes them); ``threefry`` and ``folds``: as
-  :func:`_sr_fraction`."""
+  :func:`_rht_amax_call`, None for ROWS; ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
   per_slice = [a for a in (amax, keys) if a is not None]
   in_specs = [_per_slice(a) for a in per_slice]
@@ -539,8 +538,7 @@ def _partitioned_values(f, layout: str, dtype, safe: bool, interpret: bool, sr: 
       maxima = ()
     return mesh, lower, x_sharding, (per_slice, per_slice, *maxima, x_sharding)
 
-  rule = ("a s, a t, a r b e -> a r b e" if layout == ROWS else
-          "a s, a t, a g c, a g e c -> a g e c" if block_maxima else "a s, a t, a g e c -> a g e c")
+  rule = "a s, a t, a r b e -> a r b e" if layout == ROWS else "a s, a t, a g c, a g e c -> a g e c"
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                      need_replication_factors=("s", "t", "e"))
   return call
