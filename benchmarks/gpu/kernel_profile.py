@@ -126,13 +126,11 @@ def _programs(t: int, d: int, f: int):
   w = jax.random.normal(k[2], (d, f), jnp.bfloat16)
   key = prng.fold_in(jax.random.key(7), 2)
   rht_cols = dict(_MAX_RHT_COLS=(64, 128, 256))
-  values_rht_sr = lambda a: nvfp4.quantize_values(a, axis=0, rht=True, stochastic_key=key)  # noqa: E731
-  codes_rht = lambda a: nvfp4.quantize(a, axis=0, rht=True)  # noqa: E731
   return {
       # wgrad's dy, RHT along T, SR
-      "values_rht_sr": (values_rht_sr, dy, rht_cols),
+      "values_rht_sr": (lambda a: nvfp4.quantize_values(a, axis=0, rht=True, stochastic_key=key), dy, rht_cols),
       # wgrad's x, RHT along T, RNE codes
-      "codes_rht": (codes_rht, x, rht_cols),
+      "codes_rht": (lambda a: nvfp4.quantize(a, axis=0, rht=True), x, rht_cols),
       # dgrad's dy, 1x16 along F, SR
       "values_rows_sr": (lambda a: nvfp4.quantize_values(a, axis=-1, stochastic_key=key), dy,
                          dict(_MAX_ROWS=(16, 32, 64), _MAX_BLOCKS=(16, 8, 4))),

@@ -222,8 +222,7 @@ def _rht_amax_bits(sums, back, shape):
   as the rounding back is monotone and odd, with one rounding per column instead of 16 (H200: the RHT codes of
   an 8192x4096 x 0.42 -> 0.33 ms; benchmarks/RESULTS.md, 2026-12-04 15:06)."""
   m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, _abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
-  m_back = _abs_bits(back(formats.from_bits(m)))
-  return jnp.where(m > np.int32(formats.F32_EXP_MASK), np.int32(formats.F32_QUIET_NAN), m_back)
+  return formats.canonical_nan_bits(_abs_bits(back(formats.from_bits(m))))  # back keeps NaN a NaN, Inf an Inf
 
 
 def _block_scale(f: "Formulas", bamax, c, s_dec):

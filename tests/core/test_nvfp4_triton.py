@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import formats, fp8
 from maxtext_nvfp4.core import nvfp4 as nv
 from maxtext_nvfp4.core import nvfp4_triton as nt
 from maxtext_nvfp4.core import prng
@@ -172,8 +172,7 @@ def test_rht_block_maxima_round_back_once_equal_the_rounded_rows_maxima():
   rows = jnp.asarray(y)
   back = lambda v: nv._rht_round_back(v, tiny, rint=nt._rint_nonnegative)  # noqa: E731
   got = jax.jit(lambda r: nt._rht_amax_bits(lambda c: r[c], back, (cols,)))(rows)
-  want = jnp.max(jnp.stack([nt._abs_bits(back(rows[c])) for c in range(16)]), axis=0)
-  want = jnp.where(want > 0x7F800000, 0x7FC00000, want)
+  want = formats.canonical_nan_bits(jnp.max(jnp.stack([nt._abs_bits(back(rows[c])) for c in range(16)]), axis=0))
   assert np.array_equal(np.asarray(got), np.asarray(want))
   assert int(got[80]) == 0x7F800000 and int(got[81]) == 0x7F800000 and int(got[82]) == 0x7FC00000
 
