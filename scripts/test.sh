@@ -2,10 +2,11 @@
 # The README's test command (what CI runs): every stage, one summary line at the end.
 #   core    the whole suite on the pinned pair (maxtext 0.2.5 + jax 0.12.0.1, .venv), 2 xdist workers, XLA at -O0
 #   peers   real peers as oracles: TE's NVFP4 reference, ModelOpt, vLLM's decode, transformers (.peers/)
-#   gpu     compile-derived XLA:GPU byte and memory pins (deviceless H200 compile on this CPU)
+#   gpu     compile-derived XLA:GPU byte and memory pins (deviceless H200 compile on this CPU; .venv-targets)
+#   te      real Transformer Engine JAX compiled for Blackwell on this CPU: the TE backend's wiring (.venv-targets)
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
-# The peer and matrix environments build in the background at the lowest priority (nice 19) while the core suite
+# The peer, matrix and targets environments build in the background at the lowest priority (nice 19) while the core suite
 # runs: they take the CPU its two workers leave idle and finish beside the first stages after it (measured: the
 # core suite 961 s instead of 1015-1083 s at nice 5, the whole command the same; benchmarks/RESULTS.md). After the
 # core suite, the other stages run in two lanes side by side. `STAGES="core peers"` picks stages; pytest arguments run only the core
@@ -31,15 +32,18 @@ workers=$(nproc 2>/dev/null || echo 2); [ "$workers" -gt 4 ] && workers=4
 # matrix stage run at XLA's default level; the gpu stage's compile is not a CPU compile.
 O0_XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_backend_optimization_level=0"
 if [ "$#" -gt 0 ]; then
-  XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers "$@"
+  XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
+    --ignore=tests/te "$@"
 fi
-STAGES=${STAGES:-core gpu resume peers matrix}
+STAGES=${STAGES:-core gpu te resume peers matrix}
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
 declare -A rc
-for s in peers matrix; do
+# the gpu and te stages share .venv-targets (compile-only targets: XLA:GPU's plugin, libtpu, Transformer Engine)
+env_of() { case $1 in gpu|te) echo targets ;; *) echo "$1" ;; esac; }
+for s in peers matrix targets; do
   # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
-  if has "$s"; then
+  if has "$s" || { [ "$s" = targets ] && { has gpu || has te; }; }; then
     ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
   fi
 done
@@ -49,17 +53,21 @@ stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
   "$@"; rc[$name]=$?
   echo "=== [$name] exit ${rc[$name]} after $((SECONDS - t0)) s"
 }
-env_ready() {  # env_ready NAME: waits for NAME's background environment build; 0 when it succeeded
-  local r
-  while [ ! -s "$logs/setup_$1.rc" ]; do sleep 2; done
-  r=$(cat "$logs/setup_$1.rc")
-  if [ "$r" -ne 0 ]; then echo "=== [$1] environment build failed:"; tail -n 20 "$logs/setup_$1.log"; rc[$1]=1; return 1; fi
-  tail -n 2 "$logs/setup_$1.log"
+env_ready() {  # env_ready STAGE: waits for the background build of STAGE's environment; 0 when it succeeded
+  local r e
+  e=$(env_of "$1")
+  while [ ! -s "$logs/setup_$e.rc" ]; do sleep 2; done
+  r=$(cat "$logs/setup_$e.rc")
+  if [ "$r" -ne 0 ]; then echo "=== [$1] environment build failed:"; tail -n 20 "$logs/setup_$e.log"; rc[$1]=1; return 1; fi
+  tail -n 2 "$logs/setup_$e.log"
 }
 run_stage() {  # run_stage NAME: one stage after the core suite, in a lane beside another
   case $1 in
-    gpu) stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv/bin/python -m pytest -q -n 0 \
-           tests/core/test_gpu_compile_bytes.py --junitxml="$logs/gpu.xml" ;;
+    gpu) env_ready gpu && stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv-targets/bin/python -m pytest -q -n 0 \
+           tests/core/test_gpu_compile_bytes.py tests/core/test_quantizer_hlo.py::test_cuda_lowering_materializes_only_the_rht_output \
+           --junitxml="$logs/gpu.xml" ;;
+    te) env_ready te && stage te bash -c 'source scripts/te_env.sh && MAXTEXT_NVFP4_REQUIRE_TE=1 exec .venv-targets/bin/python \
+           -m pytest -q -n 0 tests/te --junitxml="$0"' "$logs/te.xml" ;;
     resume) stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n 0 \
               tests/tools/test_study_resume.py --junitxml="$logs/resume.xml" ;;
     peers) env_ready peers && stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile \
@@ -76,21 +84,21 @@ lane() {  # lane NAME...: the named stages one after another (those STAGES picks
 }
 if has core; then
   stage core env XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
-    --junitxml="$logs/core.xml"
+    --ignore=tests/te --junitxml="$logs/core.xml"
 fi
 # After the core suite, two lanes side by side. Each stage but peers is one process for most of its time (a compile,
 # MaxText runs one after another, one pytest worker). Peers, the last to finish, has two workers, one file each:
 # alone on an idle machine 157 s instead of 273-292 s with one; beside lane B no faster (benchmarks/RESULTS.md), but
 # it takes the core that lane B leaves idle when the matrix ends.
 lane resume peers & lane_a=$!
-lane gpu matrix & lane_b=$!
+lane gpu te matrix & lane_b=$!
 wait "$lane_a" "$lane_b"
-for s in gpu resume peers matrix; do
+for s in gpu te resume peers matrix; do
   has "$s" || continue
   cat "$logs/$s.out" 2>/dev/null
   rc[$s]=$(cat "$logs/$s.rc" 2>/dev/null || echo 1)
 done
-results=(); for s in core gpu resume peers matrix; do has "$s" && results+=("$logs/$s.xml"); done
+results=(); for s in core gpu te resume peers matrix; do has "$s" && results+=("$logs/$s.xml"); done
 echo "=== summary"
 .venv/bin/python scripts/junit_summary.py "${results[@]}"
 worst=0

@@ -6,7 +6,7 @@ Needs ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` at jax's version (the ``dev`
 libraries) and runs with ``JAX_PLATFORMS=cpu``: ``jax.experimental.topologies.get_topology_desc(platform=
 "cuda", target_config=<spec>)`` gives compile-only devices, and ``jit(f).trace(ShapeDtypeStructs on such a
 device).lower().compile()`` runs every XLA:GPU pass down to sm_90a code. The specs are XLA's own
-``GpuTargetConfigProto`` files, vendored in ``benchmarks/gpu/specs/`` (commit in each file's header); a real
+``GpuTargetConfigProto`` files, vendored in ``maxtext_nvfp4/backends/target_specs/`` (commit in each file's header); a real
 device's ``gpu_target_config.pbtxt`` (written by ``--xla_dump_to`` on a GPU run) can be passed as FILE.
 
 Everything this prints is **compile-derived, without autotuning**: every dot becomes a Triton GEMM fusion with
@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the checkout (max
 import hlo_traffic  # noqa: E402  pylint: disable=wrong-import-position
 import quantizer_hlo as qh  # noqa: E402  pylint: disable=wrong-import-position
 
-SPECS_DIR = os.path.join(_HERE, "specs")
+SPECS_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "maxtext_nvfp4", "backends", "target_specs")
 SPECS = ("h200", "h100_sxm")
 _PLUGINS = ("jax_cuda12_plugin", "jax_plugins.xla_cuda12")
 HEADLINE = "compile-derived: XLA:GPU deviceless compile on a CPU host, no autotuning (not a GPU measurement)"

@@ -21,6 +21,11 @@ Recipe options TE JAX does not have (``nvfp4_4over6``, ``nvfp4_row_scaled_activa
 ``auto`` picks ``emulate`` even on Blackwell and says which option made it, as for MoE experts; ``te`` is
 refused in one line naming the option, before any device check.
 
+Compile target: a program compiled ahead of time for other devices than the host's (MaxText's
+``compile_topology``; :mod:`maxtext_nvfp4.backends.targets`) is judged by those devices. The code that builds such
+a compile sets them with :func:`compile_target` for its duration; :func:`choose_backend` then judges them instead
+of ``jax.local_devices()`` and says so (``compile target b200-4: ...``).
+
 Why ``>= 10.0``: TE JAX refuses NVFP4 below that (``_check_fp4_support``: "Device compute capability
 10.0 or higher required for NVFP4 execution."); Hopper (9.0) has no FP4 tensor cores.
 
@@ -32,6 +37,7 @@ monkeypatch :func:`te_version` / :func:`te_unavailable_reason` to fake TE presen
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.metadata
@@ -52,6 +58,8 @@ EMULATE_HINT = "or set nvfp4_backend=emulate"
 TE_DISTRIBUTIONS = ("transformer-engine-jax", "transformer_engine_jax", "transformer-engine", "transformer_engine")
 
 _log = logging.getLogger(__name__)
+# (label, devices) of the compile target being built (compile_target), or None: the host's devices
+_TARGET: list[tuple[str, tuple]] = []
 
 
 class BackendError(ValueError):
@@ -185,13 +193,29 @@ def te_jax_option_problem(s) -> str | None:
   return f"{opts[0]} (a TE PyTorch recipe option that Transformer Engine JAX does not implement)"
 
 
+@contextlib.contextmanager
+def compile_target(label: str, devices: Sequence[Any]):
+  """Within this context :func:`choose_backend` judges ``devices`` (a compile target, e.g. ``label="b200-4"``)."""
+  _TARGET.append((label, tuple(devices)))
+  try:
+    yield
+  finally:
+    _TARGET.pop()
+
+
+def current_target() -> tuple[str, tuple] | None:
+  """``(label, devices)`` of the compile target being built, or None (the host's devices count)."""
+  return _TARGET[-1] if _TARGET else None
+
+
 def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = None,
                    settings: Any = None) -> BackendChoice:
   """Resolve ``nvfp4_backend`` to ``emulate`` or ``te`` (see the module docstring for the rule).
 
   Args:
     requested: ``auto`` | ``emulate`` | ``te``.
-    devices: the local devices to judge (default ``jax.local_devices()``); anything with ``platform``,
+    devices: the devices to judge (default: the compile target's, :func:`compile_target`, else
+      ``jax.local_devices()``); anything with ``platform``,
       ``device_kind``, ``id`` and, for CUDA, ``compute_capability`` works (tests pass fakes).
     settings: the run's ``Nvfp4Settings`` (optional): a recipe option TE JAX lacks makes ``auto`` emulate
       (saying which) and ``te`` fail.
@@ -208,6 +232,10 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
   if option_problem and requested == "te":
     raise BackendError(f"nvfp4_backend=te cannot run {option_problem}; set nvfp4_backend=emulate (or auto, which"
                        " runs it emulated), or drop the option")
+  where, target_label = "every local device is", None
+  if devices is None and _TARGET:
+    target_label, devices = _TARGET[-1]
+    where = f"compile target {target_label}: every device is"
   if devices is None:
     import jax  # pylint: disable=import-outside-toplevel
 
@@ -215,6 +243,8 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
   devices = list(devices)
   version = te_version()
   device_problem = _device_problem(devices)
+  if device_problem and target_label:
+    device_problem = f"compile target {target_label}: {device_problem}"
   te_problem = None if device_problem else _te_problem(version)
 
   sr_problem = None if (device_problem or te_problem) else sr_zero_problem(devices, version)
@@ -229,7 +259,7 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
                                                 f" but not {option_problem}; using the exact emulation")
   if device_problem is None and te_problem is None:
     kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
-    reason = f"every local device is a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"
+    reason = f"{where} a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"
     return BackendChoice(name="te", reason=f"nvfp4_backend={requested}: {reason}")
   if te_problem is not None:
     if requested == "te":

@@ -6,9 +6,9 @@ config alone, before the device check), the backend choice and the MoE refusals:
 
 from __future__ import annotations
 
-from maxtext_nvfp4.backends import capability
 from maxtext_nvfp4.backends import te as te_backend
 from maxtext_nvfp4.core import settings as settings_lib
+from maxtext_nvfp4.integration import compile_target
 from maxtext_nvfp4.integration import config_schema
 from maxtext_nvfp4.integration import model_layout
 from maxtext_nvfp4.integration import moe_refusals
@@ -28,7 +28,7 @@ def validate_config(config) -> None:
   if s.backend == "te":  # what TE refuses is decided from the config alone: say it before the device check
     te_backend.check_te_settings(s)
     te_backend.check_te_shapes(config, s, layout=layout)
-  capability.choose_backend(s.backend, settings=s)
+  compile_target.choose_backend(config, s)
   # MoE paths that would skip the plan (the device-count check waits for make_quantization: asking JAX for
   # devices here would start its backend before MaxText initializes jax.distributed).
   moe_refusals.check_model(config, s, s.backend, num_devices=None, layout=layout)

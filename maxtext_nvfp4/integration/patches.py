@@ -28,6 +28,9 @@ first imported or at registration if it already is:
     eval records (every eval's first running-eval snapshot, the eval after train step 0), deleting the
     training records written so far. Now a logger truncates once, at its first record if that has step
     0 and the run starts at step 0 (a fresh run); every other record is appended.
+* ``maxtext.utils.accelerator_to_spec_map.get_system_characteristics``: also answers the GPU compile topologies
+  of :mod:`maxtext_nvfp4.integration.compile_target` (``b200-4``), so that a config with such a
+  ``compile_topology`` validates; every MaxText name unchanged.
 * ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
   ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
   precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
@@ -35,6 +38,7 @@ first imported or at registration if it already is:
 
 from __future__ import annotations
 
+from maxtext_nvfp4.integration import compile_target
 from maxtext_nvfp4.integration import config_checks
 from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
@@ -140,6 +144,13 @@ def patch_metric_logger(metric_logger) -> None:
 
 
 # the adapter's patch job -> the function applying it
+def patch_accelerators(accelerators) -> None:
+  def make(orig):
+    return lambda name: compile_target.system_characteristics(name, orig)
+
+  accelerators.get_system_characteristics = touchpoints.wrap_once(accelerators.get_system_characteristics, make)
+
+
 PATCHES = {
     "types": config_schema.patch_types,
     "pyconfig": patch_pyconfig,
@@ -148,4 +159,5 @@ PATCHES = {
     "metric_logger": patch_metric_logger,
     "moe": sparse_moe.patch_moe,
     "megablox": sparse_moe.patch_megablox,
+    "accelerators": patch_accelerators,
 }

@@ -20,6 +20,7 @@ from maxtext_nvfp4.backends import te as te_backend
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_nvfp4.core import te_limits
+from maxtext_nvfp4.integration import compile_target
 from maxtext_nvfp4.integration import emulated_quantization
 from maxtext_nvfp4.integration import model_layout
 from maxtext_nvfp4.integration import moe_refusals
@@ -39,7 +40,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
   s = settings_lib.from_config(config)
   layout = model_layout.layout_of(config)
   facts = touchpoints.adapter()
-  choice = capability.choose_backend(s.backend, settings=s)
+  choice = compile_target.choose_backend(config, s)
   capability.announce(choice, log=log_once)
   log_once(precision_text.precision_table_text(config, layout))
   if choice.name == "te":
@@ -48,9 +49,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
     refused = te_limits.summary(te_limits.check(config, s, layout=layout))
     if refused:
       log_once(refused)
-  import jax  # pylint: disable=import-outside-toplevel
-
-  moe_refusals.check_model(config, s, s.backend, num_devices=jax.device_count(), layout=layout)
+  moe_refusals.check_model(config, s, s.backend, num_devices=compile_target.device_count(config), layout=layout)
   locator = plan_lib.GemmLocator(num_layers=layout.num_layers, num_activations=layout.num_activations,
                                  scan_layers=layout.scan_layers, moe_layers=layout.moe_layers or None,
                                  signatures=facts.kernel_signatures, up_projection_axes=facts.up_projection_axes)

@@ -32,6 +32,8 @@ _METRIC_LOGGER = "maxtext.common.metric_logger"
 _MOE = "maxtext.layers.moe"
 _MEGABLOX = "maxtext.kernels.megablox"
 _PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
+_ACCELERATORS = "maxtext.utils.accelerator_to_spec_map"
+_TRAIN_COMPILE = "maxtext.trainers.pre_train.train_compile"
 
 # llama2 and mistral blocks have the same parameters; MaxText has no mistral mapping of its own. Its Llama 3.1
 # hooks permute q/k rows from interleaved RoPE pairs to HF halves (adjust_rope): right for LLaMARotaryEmbedding
@@ -80,6 +82,26 @@ TOUCHES: tuple[Touch, ...] = (
           use="wrapped to publish the traced step (step.with_step)"),
     Touch(module=_TRAIN, symbol="main",
           use="run by python -m maxtext_nvfp4.train (plugin.run_pretrain)"),
+    Touch(module=_ACCELERATORS, symbol="get_system_characteristics",
+          use="wrapped: also answers our GPU compile topologies, b200-4 -> 4 GPUs per slice (compile_target)"),
+    Touch(module=_ACCELERATORS, symbol="SystemCharacteristics",
+          use="built for our GPU compile topologies (compile_target.system_characteristics)"),
+    Touch(module=_TRAIN_COMPILE, symbol="main",
+          use="run by python -m maxtext_nvfp4.train_compile for MaxText's own compile topologies (TPU)"),
+    Touch(module=_TRAIN_COMPILE, symbol="get_shaped_inputs",
+          use="the abstract state and batch of the ahead-of-time step for our GPU targets (aot_compile)"),
+    Touch(module="maxtext.utils.maxtext_utils", symbol="get_functional_train_with_signature",
+          use="the train step and its shardings, as train_compile builds them (aot_compile)"),
+    Touch(module="maxtext.utils.maxtext_utils", symbol="create_device_mesh",
+          use="the config's mesh over the compile-only devices (aot_compile)"),
+    Touch(module="maxtext.utils.sharding", symbol="maybe_update_params_sharding_with_opt",
+          use="Zero-1 parameter shardings, as train_compile (aot_compile)"),
+    Touch(module="maxtext.utils.sharding", symbol="build_zero1_input_state_mesh_shardings",
+          use="the step's input state shardings, as train_compile (aot_compile)"),
+    Touch(module="maxtext.utils.sharding", symbol="get_input_data_sharding",
+          use="the batch sharding, as train_compile (aot_compile)"),
+    Touch(module="maxtext.utils.max_utils", symbol="maybe_get_transformer_engine_context",
+          use="TE's mesh resources around lowering and compiling a TE program (aot_compile)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics",
           use="wrapped: merges nvfp4/* diagnostics into train records (patches.patch_metric_logger)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics_locally",
@@ -139,7 +161,8 @@ ADAPTER = MaxTextVersion(
     version="0.2.5",
     touches=TOUCHES,
     patched_modules={_TYPES: "types", _PYCONFIG: "pyconfig", _QUANTIZATIONS: "quantizations", _TRAIN: "train",
-                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox"},
+                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox",
+                     _ACCELERATORS: "accelerators"},
     train_module=_TRAIN,
     kernel_signatures={
         ("embed_attn", "q_heads", "kv"): ("query",),
