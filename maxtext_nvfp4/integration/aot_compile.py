@@ -40,6 +40,8 @@ class CompiledStep:
   compile_s: float
   # the mesh, axis -> size
   mesh: dict[str, int]
+  # MaxText's config of the step (pyconfig.HyperParameters)
+  config: Any
 
 
 def _config_backend(config) -> str:
@@ -105,4 +107,4 @@ def compile_train_step(argv: Sequence[str]) -> CompiledStep:
       compiled = lowered.compile()
     t2 = time.perf_counter()
   return CompiledStep(topology=topology, backend=backend, compiled=compiled, lower_s=round(t1 - t0, 1),
-                      compile_s=round(t2 - t1, 1), mesh=dict(mesh.shape))
+                      compile_s=round(t2 - t1, 1), mesh=dict(mesh.shape), config=config)
