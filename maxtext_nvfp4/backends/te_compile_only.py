@@ -67,12 +67,11 @@ def answer_device_queries(compute_capability: float, *, answer_fused_attention: 
 
 
 def _workspace_answer(tej):
-  """A workspace-size query's answer: ``(shape, dtype)`` of :data:`FUSED_ATTN_WORKSPACE_BYTES` bytes."""
-  del tej
+  """A workspace-size query's answer: ``(shape, TE dtype)`` of :data:`FUSED_ATTN_WORKSPACE_BYTES` bytes."""
 
   def answer(*args, **kwargs):
     del args, kwargs
-    return ((FUSED_ATTN_WORKSPACE_BYTES,), 0)  # (shape, TE DType kByte)
+    return ((FUSED_ATTN_WORKSPACE_BYTES,), tej.DType.kByte)
 
   return answer
 

@@ -14,6 +14,8 @@ import sys
 # subcommand -> (module exposing ``cli_main(argv: list[str]) -> int``, one-line help)
 COMMANDS = {
     "train": ("maxtext_nvfp4.tools.train", "run MaxText pre-training with the NVFP4 plugin registered"),
+    "train-compile": ("maxtext_nvfp4.tools.train_compile",
+                      "compile the train step ahead of time for a target (b200-4, v5e-4): backend, memory vs HBM"),
     "recipes": ("maxtext_nvfp4.tools.cli", "list the packaged recipes with a one-line description each"),
     "doctor": ("maxtext_nvfp4.tools.doctor", "report JAX/devices/TE/MaxText/patch state and the backend auto picks"),
     "verify-hardware": ("maxtext_nvfp4.tools.verify_hardware", "compare TE's NVFP4 kernels with the emulation (Blackwell)"),

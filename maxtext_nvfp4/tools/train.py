@@ -302,10 +302,13 @@ def te_shapes_error(cfg: dict) -> str | None:
   return None
 
 
-def check_command_line(args: list[str]) -> tuple[list[str], dict]:
+def check_command_line(args: list[str], *, compile_only: bool = False) -> tuple[list[str], dict]:
   """``(args with the recipe resolved to its path, effective config)``, or :class:`recipes.RecipeError` /
   :class:`settings.SettingsError` with the one line to print: everything :func:`cli_main` refuses before
-  MaxText starts (see the module docstring). Imports MaxText's config schema (for unknown keys) only."""
+  MaxText starts (see the module docstring). Imports MaxText's config schema (for unknown keys) only.
+
+  ``compile_only``: for an ahead-of-time compile (``train_compile``), which needs neither this host's hardware
+  nor the dataset: those checks are skipped."""
   from maxtext_nvfp4.integration import config_errors  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
@@ -324,9 +327,10 @@ def check_command_line(args: list[str]) -> tuple[list[str], dict]:
   if bad_type is not None:
     raise bad_type
   nvfp4 = str(cfg.get("quantization", "")) == "nvfp4"  # MaxText checks nvfp4_* keys for this mode only
-  problem = ((nvfp4 and recipes.settings_error(cfg)) or te_shapes_error(cfg) or cpu_host_error(args, cfg)
-             or hardware_error(args, cfg)
-             or moe_error(cfg) or expert_parallel_error(cfg) or recipes.missing_data_error(cfg))
+  here = not compile_only
+  problem = ((nvfp4 and recipes.settings_error(cfg)) or te_shapes_error(cfg) or (here and cpu_host_error(args, cfg))
+             or (here and hardware_error(args, cfg))
+             or moe_error(cfg) or expert_parallel_error(cfg) or (here and recipes.missing_data_error(cfg)))
   if problem:
     raise recipes.RecipeError(problem)
   return args, cfg

@@ -89,6 +89,8 @@ class MaxTextVersion:
   patched_modules: Mapping[str, str]
   # MaxText's pre-training module (its `main(argv)` is what `python -m maxtext_nvfp4.train` runs)
   train_module: str
+  # the module whose main(argv) is MaxText's ahead-of-time compile of the train step (train_compile)
+  train_compile_module: str
   # kernel axes of a decoder projection -> the roles sharing them inside one layer, in build order
   kernel_signatures: Mapping[tuple, tuple[str, ...]]
   # kernel axes of the dense up-projection(s): wi_0..wi_{n-1}, or wi with one activation (resolved per config)

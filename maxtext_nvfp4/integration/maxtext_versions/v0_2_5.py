@@ -164,6 +164,7 @@ ADAPTER = MaxTextVersion(
                      _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox",
                      _ACCELERATORS: "accelerators"},
     train_module=_TRAIN,
+    train_compile_module=_TRAIN_COMPILE,
     kernel_signatures={
         ("embed_attn", "q_heads", "kv"): ("query",),
         ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),

@@ -1,0 +1,124 @@
+"""The Blackwell recipes compiled at their full size for their target, on a CPU host: memory, compile time, TE calls.
+
+    source scripts/te_env.sh   # .venv-targets: real Transformer Engine JAX, XLA:GPU's compile-only plugin
+    .venv-targets/bin/python benchmarks/blackwell/recipes_compile.py \\
+        --recipes llama3_8b_bf16,llama3_8b_fp8,llama3_8b_nvfp4 --topology b200-4 [--set key=value ...] [--json F]
+
+Each recipe is compiled by :func:`maxtext_nvfp4.integration.aot_compile.compile_train_step` (MaxText's own
+ahead-of-time path, compile-only devices of the target's XLA spec, real TE with its device queries answered for the
+target; ``attention: cudnn_flash_te`` gets cuDNN's F16 arbitrary-sequence backend and a workspace of
+``te_compile_only.FUSED_ATTN_WORKSPACE_BYTES``), each in its own process (one compile's memory and caches do not
+reach the next). Per recipe: the step's memory per device from XLA's ``memory_analysis()`` against the target's
+HBM, lower / compile seconds and the peak host memory of the process, TE GEMMs by scaling mode and TE quantize
+calls. **Compile-derived**: nothing runs; the figures are XLA's plan for the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests", "te"))
+
+
+def _scaling_names() -> dict[int, str]:
+  try:
+    import transformer_engine_jax as tej  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+  except ImportError:
+    return {}
+  m = tej.JAXX_Scaling_Mode
+  return {int(m.NVFP4_1D_SCALING): "nvfp4", int(m.NVFP4_2D_SCALING): "nvfp4_2d",
+          int(m.CURRENT_TENSOR_SCALING): "fp8_current", int(m.DELAYED_TENSOR_SCALING): "fp8_delayed",
+          int(m.MXFP8_1D_SCALING): "mxfp8", int(m.NO_SCALING): "none"}
+
+
+def compile_one(recipe: str, topology: str, overrides: list[str]) -> dict:
+  """Compile ``recipe`` for ``topology`` in this process and describe the result (the module docstring)."""
+  import te_program  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.backends import targets  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import aot_compile  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
+
+  argv = [None, recipes.find_recipe(recipe), f"compile_topology={topology}", "compile_topology_num_slices=1", *overrides]
+  t0 = time.time()
+  step = aot_compile.compile_train_step(argv)
+  text = step.compiled.as_text()
+  names = _scaling_names()
+  gemms = collections.Counter(names.get(c.config.get("scaling_mode"), str(c.config.get("scaling_mode")))
+                              for c in te_program.calls(text) if c.target == "te_gemm_v2_ffi")
+  calls = te_program.counts(text)
+  mem = step.compiled.memory_analysis()
+  gib = 2.0 ** 30
+  name = targets.parse_topology(topology)[0]
+  hbm = targets.memory_bytes(name)
+  total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+  return dict(recipe=recipe, topology=topology, overrides=overrides, backend=step.backend,
+              quantization=str(step.config.quantization), layers=int(step.config.num_decoder_layers),
+              attention=str(step.config.attention), mesh={k: v for k, v in step.mesh.items() if v > 1},
+              lower_s=step.lower_s, compile_s=step.compile_s, wall_s=round(time.time() - t0, 1),
+              host_peak_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+              argument_gib=round(mem.argument_size_in_bytes / gib, 2), output_gib=round(mem.output_size_in_bytes / gib, 2),
+              temp_gib=round(mem.temp_size_in_bytes / gib, 2), alias_gib=round(mem.alias_size_in_bytes / gib, 2),
+              total_gib=round(total / gib, 2), hbm_gib=round(hbm / gib, 1) if hbm else None,
+              fits=bool(hbm and total <= hbm), te_gemms=dict(gemms), te_quantize=calls.get("te_dbias_quantize_ffi", 0),
+              te_rht_amax=calls.get("te_rht_amax_ffi", 0), te_fused_attn=sum(v for k, v in calls.items() if "fused_attn" in k))
+
+
+def table(rows: list[dict]) -> str:
+  lines = ["| recipe | topology | layers | mesh | per-device GiB (temp) | HBM GiB | fits | TE GEMMs | TE quantize |"
+           " compile s | host peak GiB |", "|---|---|---:|---|---:|---:|---|---|---:|---:|---:|"]
+  for r in rows:
+    if "error" in r:
+      lines.append(f"| {r['recipe']} | {r['topology']} | | | failed: {r['error']} |||||||")
+      continue
+    mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "1"
+    gemms = ", ".join(f"{v} {k}" for k, v in sorted(r["te_gemms"].items())) or "none"
+    lines.append(f"| {r['recipe']} | {r['topology']} | {r['layers']} | {mesh} | {r['total_gib']:.1f} ({r['temp_gib']:.1f})"
+                 f" | {r['hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {gemms} | {r['te_quantize']} | {r['compile_s']}"
+                 f" | {r['host_peak_gib']} |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--recipes", default="llama3_8b_bf16,llama3_8b_fp8,llama3_8b_nvfp4")
+  p.add_argument("--topology", default="b200-4")
+  p.add_argument("--set", action="append", default=[], help="key=value override for every recipe")
+  p.add_argument("--json", help="write the rows here (JSON list)")
+  p.add_argument("--one", help=argparse.SUPPRESS)  # internal: compile this recipe in this process
+  args = p.parse_args(argv)
+  if args.one:
+    print("ROW " + json.dumps(compile_one(args.one, args.topology, args.set)), flush=True)
+    return 0
+  rows = []
+  for recipe in args.recipes.split(","):
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", recipe, "--topology", args.topology]
+    for kv in args.set:
+      cmd += ["--set", kv]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    row = next((json.loads(l[4:]) for l in proc.stdout.splitlines() if l.startswith("ROW ")), None)
+    if row is None:
+      err = [l for l in proc.stderr.strip().splitlines() if l.strip()][-1:] or [f"exit {proc.returncode}"]
+      row = dict(recipe=recipe, topology=args.topology, error=err[0][:300])
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    if args.json:
+      with open(args.json, "w") as fh:
+        json.dump(rows, fh, indent=1)
+  print("compile-derived (XLA's plan for the target; nothing ran):")
+  print(table(rows))
+  return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
