@@ -108,7 +108,9 @@ def main(argv=None) -> int:
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     row = next((json.loads(l[4:]) for l in proc.stdout.splitlines() if l.startswith("ROW ")), None)
     if row is None:
-      err = [l for l in proc.stderr.strip().splitlines() if l.strip()][-1:] or [f"exit {proc.returncode}"]
+      lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+      err = [l for l in lines if "Error" in l.split(":", 1)[0] or l.startswith("E ")][-1:] or lines[-1:] or [
+          f"exit {proc.returncode}"]
       row = dict(recipe=recipe, topology=args.topology, error=err[0][:300])
     rows.append(row)
     print(json.dumps(row), flush=True)

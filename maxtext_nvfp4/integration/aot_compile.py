@@ -15,7 +15,6 @@ Nothing runs: what comes out is XLA's compiled program for the target -- its mem
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -52,6 +51,10 @@ def _config_backend(config) -> str:
   return compile_target.choose_backend(config, settings_lib.from_config(config)).name
 
 
+def _te_loads() -> bool:
+  return capability.te_version() is not None and capability.te_unavailable_reason() is None
+
+
 def compile_train_step(argv: Sequence[str]) -> CompiledStep:
   """Compile MaxText's train step of ``argv`` (``[None, recipe.yml, key=value, ...]``, as ``pyconfig.initialize``
   takes it) for the GPU target its ``compile_topology`` names (``b200-4``); registers the plugin.
@@ -83,7 +86,7 @@ def compile_train_step(argv: Sequence[str]) -> CompiledStep:
   with capability.compile_target(topology, devices):
     config = pyconfig.initialize(list(argv))
     backend = _config_backend(config)
-    if backend == "te":
+    if _te_loads():  # TE traces for the target: the NVFP4 backend, MaxText's te_* recipes, cudnn_flash_te attention
       from maxtext_nvfp4.backends import te_compile_only  # pylint: disable=import-outside-toplevel
 
       te_compile_only.answer_device_queries(targets.compute_capability(parsed[0]),
@@ -97,7 +100,7 @@ def compile_train_step(argv: Sequence[str]) -> CompiledStep:
     data_sharding = sharding.get_input_data_sharding(config, mesh)
     fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
         train.train_step, data_sharding, in_state, model, config, params_shardings)
-    te_context = max_utils.maybe_get_transformer_engine_context(config) if backend == "te" else contextlib.nullcontext()
+    te_context = max_utils.maybe_get_transformer_engine_context(config)
     # The default device is the target's: Pallas's Triton lowering (the emulation's kernels) targets it.
     with jax.default_device(devices[0]), jax.set_mesh(mesh), te_context:
       with logical_axis_rules(config.logical_axis_rules):

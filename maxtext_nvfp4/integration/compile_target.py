@@ -37,12 +37,17 @@ def target_of(config) -> tuple[str, tuple] | None:
   ours = parse(config)
   if ours is not None:
     return topology, targets.devices(*ours)
-  from maxtext.utils import accelerator_to_spec_map  # pylint: disable=import-outside-toplevel
-
-  platform = accelerator_to_spec_map.get_system_characteristics(topology).platform
+  platform = maxtext_platform(topology)
   if platform == "gpu":  # MaxText's a3: its train_compile compiles for the host's own (mocked) GPUs
     return None
   return topology, (types.SimpleNamespace(platform=platform, device_kind=topology, id=0),)
+
+
+def maxtext_platform(topology: str) -> str:
+  """The platform ("tpu", "gpu") of one of MaxText's compile topologies; MaxText's one-line ValueError otherwise."""
+  from maxtext.utils import accelerator_to_spec_map  # pylint: disable=import-outside-toplevel
+
+  return accelerator_to_spec_map.get_system_characteristics(topology).platform
 
 
 def choose_backend(config, s) -> capability.BackendChoice:

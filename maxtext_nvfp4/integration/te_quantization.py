@@ -123,8 +123,29 @@ def _subclass_of(base_cls: type, sr_source_stream: str) -> type:
         setattr(routed, recipe_attr, te_recipe(precision, self._settings))
       elif self._switch_step is not None:
         return self._switched_dot_general_cls(mesh_axes)
+      else:
+        return self._shared_x_dot_general_cls(mesh_axes)
       # MaxText's implementation: TEWrapper(dense(x, kernel, contracting_dims, quantizer_set, ...)).
       return base_cls.dot_general_cls(routed, mesh_axes)
+
+    def _shared_x_dot_general_cls(self, mesh_axes):
+      """An NVFP4 projection as MaxText's ``te_dot_general`` builds it, through
+      :func:`maxtext_nvfp4.backends.te_shared_dense.dense`: TE's dense whose activation quantization is shared with
+      the other projections reading the same input (q/k/v, wi_0/wi_1), identical GEMM operands."""
+      overlap = getattr(self, overlap_attr)
+
+      def te_dot_general(generate_quantizer_set, generate_collective_op_set, x, kernel, dims, **kwargs):
+        del kwargs  # as MaxText's te_dot_general: TE's dense takes no precision arguments
+        import transformer_engine.jax.cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+
+        from maxtext_nvfp4.backends import te_shared_dense  # pylint: disable=import-outside-toplevel
+
+        contracting_dims, batch_dims = dims
+        assert batch_dims == ((), ()), "Batch dimensions must be empty for TransformerEngine dot."
+        collective = generate_collective_op_set(mesh_axes) if overlap != "disabled" else tex.noop_collective_op_set
+        return te_shared_dense.dense(x, kernel, contracting_dims, generate_quantizer_set(), collective)
+
+      return self._wrap(te_dot_general, "dot_general")
 
     def _switched_dot_general_cls(self, mesh_axes):
       """An NVFP4 projection with the late switch: ``lax.cond(step >= S, switched, nvfp4)``, both compiled once.

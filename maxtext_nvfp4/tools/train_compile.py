@@ -97,10 +97,10 @@ def _maxtext_train_compile(args: list[str], topology: str) -> int:
   from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import train  # pylint: disable=import-outside-toplevel
 
-  try:
-    from maxtext.utils import accelerator_to_spec_map  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import compile_target  # pylint: disable=import-outside-toplevel
 
-    platform = accelerator_to_spec_map.get_system_characteristics(topology).platform
+  try:
+    platform = compile_target.maxtext_platform(topology)
   except ValueError as e:
     return _fail(f"{' '.join(str(e).split())[:300]}; or use <target>-<devices> for a GPU target")
   if platform == "tpu":

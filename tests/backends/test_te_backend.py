@@ -87,6 +87,11 @@ def fake_te(monkeypatch):
   dense_mod.dense = fake_dense
   te.common, common.recipe, te.jax = common, recipe, tej
   tej.cpp_extensions, tej.flax, tej.dense = tex, flax_mod, dense_mod
+  # Our NVFP4 projections call te_shared_dense.dense (TE's dense with x's quantization shared), which has TE's
+  # dense's signature and is checked against real TE in the te stage; here it is the fake dense too.
+  from maxtext_nvfp4.backends import te_shared_dense  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(te_shared_dense, "dense", fake_dense)
   for name, mod in {
       "transformer_engine": te, "transformer_engine.common": common, "transformer_engine.common.recipe": recipe,
       "transformer_engine.jax": tej, "transformer_engine.jax.cpp_extensions": tex,
