@@ -21,10 +21,11 @@ What TE is asked to do, independent of MaxText (the MaxText side, a subclass of 
    ``sha256("grad")``, and turns it into ``(num_devices, 4)`` uint32 Philox seeds, for the DGRAD quantizer
    only, and only when SR is on. See :func:`rng_streams_needed` for how it is supplied in MaxText.
 
-TE is imported lazily, inside functions, only when this backend builds a GEMM. Nothing here was run
-against real TE (no Blackwell machine or TE install was available while writing it); the wiring is
-tested on CPU against a fake of the TE names it touches (tests/test_te_backend.py), and the
-``@pytest.mark.blackwell`` tests plus ``maxtext-nvfp4 verify-hardware`` are the real-hardware checks.
+TE is imported lazily, inside functions, only when this backend builds a GEMM. The wiring is checked with real TE
+JAX 2.20.2 traced and compiled for compile-only B200s on a CPU (the te test stage, tests/te/: calls, their
+configuration, partitioning, refusals) and against a fake of the TE names it touches in the CPU suite
+(tests/backends/test_te_backend.py); no TE kernel has run (the ``@pytest.mark.blackwell`` tests and
+``maxtext-nvfp4 verify-hardware`` are the checks on a Blackwell GPU).
 """
 
 from __future__ import annotations
