@@ -32,8 +32,10 @@ class CompiledStep:
   topology: str
   # the backend the NVFP4 GEMMs were built for ("emulate" | "te"; "" when the config is not nvfp4)
   backend: str
-  # XLA's compiled executable (memory_analysis(), as_text(), cost_analysis())
+  # XLA's compiled executable (memory_analysis(), as_text(), cost_analysis()); None when only lowered
   compiled: Any
+  # the lowered program (as_text(): StableHLO before XLA's passes)
+  lowered: Any
   # seconds to trace and lower, and to compile, on this host
   lower_s: float
   compile_s: float
@@ -55,9 +57,10 @@ def _te_loads() -> bool:
   return capability.te_version() is not None and capability.te_unavailable_reason() is None
 
 
-def compile_train_step(argv: Sequence[str]) -> CompiledStep:
+def compile_train_step(argv: Sequence[str], *, compile: bool = True) -> CompiledStep:  # pylint: disable=redefined-builtin
   """Compile MaxText's train step of ``argv`` (``[None, recipe.yml, key=value, ...]``, as ``pyconfig.initialize``
-  takes it) for the GPU target its ``compile_topology`` names (``b200-4``); registers the plugin.
+  takes it) for the GPU target its ``compile_topology`` names (``b200-4``); registers the plugin. ``compile=False``
+  stops after lowering (the program as traced, before XLA's passes and partitioning).
 
   Raises:
     targets.TargetError: ``compile_topology`` names no GPU target of ours, or XLA:GPU's compiler is missing.
@@ -107,7 +110,7 @@ def compile_train_step(argv: Sequence[str]) -> CompiledStep:
         lowered = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, static_argnums=static,
                           donate_argnums=donate).lower(*args, **kwargs)
       t1 = time.perf_counter()
-      compiled = lowered.compile()
+      compiled = lowered.compile() if compile else None
     t2 = time.perf_counter()
-  return CompiledStep(topology=topology, backend=backend, compiled=compiled, lower_s=round(t1 - t0, 1),
+  return CompiledStep(topology=topology, backend=backend, compiled=compiled, lowered=lowered, lower_s=round(t1 - t0, 1),
                       compile_s=round(t2 - t1, 1), mesh=dict(mesh.shape), config=config)

@@ -72,6 +72,12 @@ def cli_main(argv: list[str]) -> int:
   if not topology:
     return _fail("compile_topology is not set; add compile_topology=<target>-<devices> (e.g. b200-4; targets: "
                  f"{', '.join(targets.GPU_TARGETS)}) or one of MaxText's TPU topologies (e.g. v5e-4)")
+  ours = targets.parse_topology(topology)
+  if ours is not None:
+    problem = targets.unavailable_reason(ours[0]) or (
+        f"compile_topology={topology} names {ours[1]} devices; a compile target needs at least 1" if ours[1] < 1 else None)
+    if problem:
+      return _fail(problem)
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
 
   maxtext_nvfp4.register()
@@ -79,7 +85,7 @@ def cli_main(argv: list[str]) -> int:
   if not any(a.startswith("compile_topology_num_slices=") for a in args) and int(
       cfg.get("compile_topology_num_slices", -1) or -1) <= 0:
     args = [*args, "compile_topology_num_slices=1"]
-  if targets.parse_topology(topology) is None:
+  if ours is None:
     return _maxtext_train_compile(args, topology)
   from maxtext_nvfp4.integration import aot_compile  # pylint: disable=import-outside-toplevel
 
