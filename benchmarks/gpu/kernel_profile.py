@@ -8,8 +8,9 @@ Two parts, both printed as tables and written to ``--json``:
              kernels, named ``nvfp4_*``), ``other`` (XLA's fusions, copies). Time per call = total / iters.
 ``tiles``    each of the Pallas quantizer kernels' programs (1x16 values with SR, RHT values with SR, the
              RHT codes of x, W's 16x16 tiles) at the MLP's shapes, once per tile choice
-             (``nvfp4_triton``'s ``_MAX_*`` constants, set before tracing); each choice's output is checked
-             bit for bit against the first choice's before it is timed (best and median of ``--iters``).
+             (``core/quantizer/triton_kernels.py``'s ``_MAX_*`` constants, set before tracing); each choice's
+             output is checked bit for bit against the first choice's before it is timed (best and median of
+             ``--iters``).
 
     python benchmarks/gpu/kernel_profile.py --json out.json              # H200: both parts
     python benchmarks/gpu/kernel_profile.py --preset tiny --parts tiles  # CPU: proves the script
@@ -42,7 +43,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import mlp_bench  # noqa: E402  pylint: disable=wrong-import-position
 import quantize_bench  # noqa: E402  pylint: disable=wrong-import-position
 
-from maxtext_nvfp4.core import nvfp4, nvfp4_triton, prng  # noqa: E402  pylint: disable=wrong-import-position
+from maxtext_nvfp4.core import nvfp4, prng  # noqa: E402  pylint: disable=wrong-import-position
+from maxtext_nvfp4.core.quantizer import triton_kernels  # noqa: E402  pylint: disable=wrong-import-position
 
 # cuBLAS / CUTLASS kernel names and XLA's Triton GEMM fusions (gemm_fusion_*, triton_gemm_*)
 _GEMM = re.compile(r"gemm|xmma|cutlass|cublas|nvjet|wgmma|sm90_|sm80_", re.I)
@@ -141,14 +143,14 @@ def _programs(t: int, d: int, f: int):
 
 @contextlib.contextmanager
 def _constants(values: dict):
-  old = {n: getattr(nvfp4_triton, n) for n in values}
+  old = {n: getattr(triton_kernels, n) for n in values}
   for n, v in values.items():
-    setattr(nvfp4_triton, n, v)
+    setattr(triton_kernels, n, v)
   try:
     yield
   finally:
     for n, v in old.items():
-      setattr(nvfp4_triton, n, v)
+      setattr(triton_kernels, n, v)
 
 
 def _same_bits(a, b) -> bool:

@@ -114,15 +114,15 @@ F32_QUIET_NAN = 0x7FC00000
 def canonical_nan_bits(abs_bits):
   """``|x|``'s bits (int32 or uint32: :func:`bits` ``& F32_ABS_MASK``) with every NaN as the quiet NaN
   ``F32_QUIET_NAN``, so that an amax (their max) is the same NaN whatever arithmetic made it (on the H200, XLA's
-  RHT and a Triton kernel's gave different payloads, 2026-12-04). Elementwise before the max: XLA fuses it into
-  that reduce (a select on the reduced scalar was a kernel of its own)."""
+  RHT and a Triton kernel's give different payloads). Elementwise before the max: XLA fuses it into that reduce
+  (a select on the reduced scalar is a kernel of its own)."""
   t = abs_bits.dtype.type
   return jnp.where(abs_bits > t(F32_EXP_MASK), t(F32_QUIET_NAN), abs_bits)
 
 
-# Sign and NaN forms that give the same bits under every lowering: Pallas's Triton lowering (the kernels of
-# nvfp4_triton) negates a float as ``0 - x`` (-0.0 becomes +0.0) and takes min as ``minnum`` (a NaN operand
-# yields the other one), where XLA flips the sign bit and propagates NaN. Seen on the H200, 2026-12-04.
+# Sign and NaN forms that give the same bits under every lowering: Pallas's Triton lowering (the quantizer's
+# kernels, quantizer/triton_kernels.py) negates a float as ``0 - x`` (-0.0 becomes +0.0) and takes min as
+# ``minnum`` (a NaN operand yields the other one), where XLA flips the sign bit and propagates NaN.
 def copysign(mag, sign_of):
   """``jnp.copysign(mag, sign_of)`` for fp32 (NaN included), by bits."""
   return from_bits((bits(mag) & np.uint32(F32_ABS_MASK)) | (bits(sign_of) & np.uint32(F32_SIGN_MASK)))
@@ -204,8 +204,8 @@ def divide_significands(ma, mb):
   seed = _seed_quotient(num, mb.astype(jnp.float32)).astype(jnp.int32)
   r = lax.bitcast_convert_type(n_mod - seed.astype(jnp.uint32) * mb.astype(jnp.uint32), jnp.int32) + 8 * mb
   d = lax.div(r, mb)  # r >= 0: truncation is the floor
-  # int32 constants, not Python ints: Pallas's Triton lowering typed the weak-int select as i1 (the kernels
-  # compute this chain, nvfp4_triton._scalars)
+  # int32 constants, not Python ints: Pallas's Triton lowering types a weak-int select as i1 (the kernels
+  # compute this chain, quantizer/triton_kernels._scalars)
   return seed + d - 8, r - d * mb, jnp.where(k24, np.int32(24), np.int32(23))
 
 

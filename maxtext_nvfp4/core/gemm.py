@@ -383,7 +383,7 @@ def _fp8_dot(qa, qb, contract, out_dtype):
 
 
 def _quantize_weight(w, two_d: bool, contraction_axis: int, groups: AmaxGroups | None = None,
-                     rule: numerics.ScaleRule | None = None):
+                     rule: numerics.ScaleRule = numerics.STANDARD_RULE):
   """W (K, N) quantized for fprop (contraction_axis 0) or dgrad (1), zero-padded as the blocks need.
 
   2D: 16x16 tiles over both (padded) axes, identical for both passes under TE's standard rule (with 4over6
@@ -402,7 +402,8 @@ def _quantize_weight(w, two_d: bool, contraction_axis: int, groups: AmaxGroups |
   return numerics.quantize(_pad_to(w, shape), axis=contraction_axis, scale_rule=rule)
 
 
-def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None, rule: numerics.ScaleRule | None = None):
+def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None,
+                          rule: numerics.ScaleRule = numerics.STANDARD_RULE):
   """x (M, K) quantized 1x16 along tokens (rows), RHT-rotated when ``rht``; RNE. Tokens zero-padded
   (``groups``: one amax per (tokens x x_k) block, no padding)."""
   if groups is not None and not groups.trivial:
@@ -588,7 +589,7 @@ def _gemm2d_bwd(static, res, dy):
   # dying operand's buffer only along elementwise paths, through at most its one reduction hero
   # (xla/service/gpu/buffer_sharing.cc, FusionCanShareBufferHint), and a producer of two operands carries two
   # amax reductions. Costs one more read of dy for its amax; saves two full-size buffers at the SwiGLU MLP's
-  # peak (benchmarks/RESULTS.md, 2026-12-04). Ordering only: the same bits.
+  # peak (benchmarks/RESULTS.md). Ordering only: the same bits.
   dy = lax.optimization_barrier(dy)
   kd, kw = sr_keys(key) if key is not None else (None, None)
   g = static.groups

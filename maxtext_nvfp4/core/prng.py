@@ -4,13 +4,13 @@ A GEMM's SR key is a chain of ``jax.random.fold_in``: MaxText's step, layer and 
 the expert of a batched GEMM (``gemm.dot_general``), the dgrad or wgrad copy of dy (``gemm.sr_keys``). Each
 ``fold_in`` of a Threefry key is one ``threefry2x32`` of the counter ``(0, data)`` under the key's two words:
 about 120 scalar integer instructions, which XLA:GPU fuses into its consumers and takes seconds to compile
-(~100 chains in a 4-layer MaxText MoE step: half of its pre-fusion HLO, 10 s of its priority fusion;
-benchmarks/RESULTS.md, 2026-12-04).
+(a MaxText MoE step has one chain per quantized GEMM operand; benchmarks/RESULTS.md has the cost).
 
 :func:`fold_in` of a Threefry key therefore returns a :class:`FoldedKey` -- the key and its fold data -- and
 the consumer resolves it: the XLA form with ``jax.random.fold_in`` itself (:func:`resolve`), the Pallas
-kernels (``nvfp4_triton``) from the key's words by the same 20 rounds per fold, computed per program. The bits are the same either way (``tests/core/test_nvfp4_triton.py`` checks the kernels'
-chain against ``jax.random.fold_in``). Any other PRNG's key is folded at once by ``jax.random.fold_in``.
+kernels (``quantizer/triton_kernels.py``) from the key's words by the same 20 rounds per fold, computed per
+program. The bits are the same either way (``tests/core/test_nvfp4_triton.py`` checks the kernels' chain
+against ``jax.random.fold_in``). Any other PRNG's key is folded at once by ``jax.random.fold_in``.
 """
 
 from __future__ import annotations
@@ -67,8 +67,8 @@ def fold_in(key, data):
   d = jnp.broadcast_to(jnp.uint32(data), batch)[..., None]
   if isinstance(data, (int, np.integer)):
     # A constant behind a barrier: XLA cannot fold it into the small fusion that assembles the kernel's key
-    # words, so that fusion is the same at every call site and compiles once (each distinct constant made it a
-    # kernel of its own: 56 in a 4-layer MoE step, each compiled on its own; benchmarks/RESULTS.md, 2026-12-04).
+    # words, so that fusion is the same at every call site and compiles once (each distinct constant would make
+    # it a kernel of its own, each compiled on its own).
     d = jax.lax.optimization_barrier(d)
   return FoldedKey(key=base, data=d if chain is None else jnp.concatenate([chain, d], axis=-1))
 

@@ -11,9 +11,8 @@ operand, a full-size temporary or live memory fails. Each bound is the value mea
 set it (benchmarks/RESULTS.md, "Deviceless H200 compile") plus a small slack. The counter itself is
 checked on a program with a known answer (a copy), so the bounds can fail.
 
-Cost (measured 2026-12-01 on the shared 2-core CPU at load average ~15): 596 s for this file and
-test_nvfp4_gpu_paths.py -- the nvfp4 MLP compile 361 s, each quantizer case 14-38 s. A stage of its own,
-not the core suite: skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
+Cost: minutes of compilation (the MLP compile most of it; benchmarks/RESULTS.md has the timings). A stage of
+its own, not the core suite: skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
 """
 
 import os
@@ -41,15 +40,11 @@ pytestmark = [
                        reason=f"the pinned counts are XLA's at jax 0.12.0.1 (this is {jax.__version__})"),
 ]
 
-# case -> (max traffic B/element, max full-size writes, max temp MiB) at 8192x4096 bf16, H200 spec.
-# Measured 2026-12-01 (jax 0.12.0.1). Before that change (b5b82f2): q1d 8.31, q2d 9.11, qrht 24.50,
-# v1d 10.25, v1d_sr 12.25, v0_rht_sr 28.44 B/element. Until 2026-12-03 v1d and v1d_sr 8.00, v0_rht_sr 14.13;
-# since then the Triton kernels (core/nvfp4_triton.py): v1d and v1d_sr 6.00, i.e. x read twice (amax,
-# kernel) and the values written once; v0_rht_sr 6.50 (the same, plus the RHT amax kernel's per-group maxima);
-# qrht (until then 12.44) 5.06: x read twice, the packed codes (0.5) and scale bytes written once. Since
-# 2026-12-04 q2d (W's 16x16 tiles, until then 5.08) 4.50: W read twice, the packed codes written once; the
-# RHT values and codes kernels read the RHT-amax kernel's block maxima (+0.25; an 8 MiB int32 temporary):
-# qrht 5.31, v0_rht_sr 6.75.
+# case -> (max traffic B/element, max full-size writes, max temp MiB) at 8192x4096 bf16, H200 spec, jax
+# 0.12.0.1. With the Pallas Triton kernels (core/quantizer/pallas_triton.py): v1d and v1d_sr 6.00, i.e. x read twice
+# (amax, kernel) and the values written once; q2d 4.50: W read twice, the packed codes written once; the RHT
+# values and codes kernels read the RHT-amax kernel's block maxima (+0.25; an 8 MiB int32 temporary): qrht 5.31,
+# v0_rht_sr 6.75. The history of these counts: benchmarks/RESULTS.md ("Facts moved out of core/ comments").
 _QUANTIZER_BOUNDS = {
     "q1d": (6.35, 1, 9),
     "q2d": (4.51, 1, 0),
@@ -116,9 +111,9 @@ def test_mlp_fwdbwd_bytes_and_memory_on_h200():
 
 
 # MoE's expert GEMMs (a batched dot_general: 8 experts, 8x1024x4096 . 8x4096x4096) fwd+bwd, nvfp4 full recipe:
-# (max other kernels, max other GiB). Measured 2026-12-04: 26 kernels, 2.82 GiB with the batched kernels (the
-# quantizers under vmap take the Triton kernels, each expert its own amax and SR key); 47, 3.43 on the XLA form;
-# 25 since the experts' SR keys are fold_in chains the kernels apply (core/prng.py).
+# (max other kernels, max other GiB): the quantizers under vmap take the batched Triton kernels (each expert its
+# own amax and SR key) and apply the experts' fold_in chains (core/prng.py). The measured values and their
+# history: benchmarks/RESULTS.md ("Facts moved out of core/ comments").
 _EXPERTS_BOUNDS = (25, 2.85)
 
 
@@ -134,7 +129,7 @@ def test_expert_gemms_under_vmap_take_the_batched_kernels():
 
 @pytest.mark.parametrize("spec", [("d", None), (None, "d")], ids=["rows-sharded", "columns-sharded"])
 def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
-  """On a mesh of two compile-only H200s, the Triton kernels of x and dy (core/nvfp4_triton.py) are
+  """On a mesh of two compile-only H200s, the Triton kernels of x and dy (core/quantizer/pallas_triton.py) are
   partitioned: each device runs them on its own shard (no all-gather of the operand), and the amax is the
   whole operand's (an all-reduce of the per-device maxima)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel

@@ -1,16 +1,14 @@
-"""Tests of maxtext_nvfp4.core.nvfp4: bit-exactness with TE's NVFP4 quantizer, rounding, SR, bad input.
+"""Tests of the NVFP4 quantizer (maxtext_nvfp4.core.nvfp4) beyond the shared suite: the XLA form's own paths,
+rounding, SR statistics, bad input, non-finite input and exact division.
 
-Bit-exactness is checked two ways:
-  * against the public golden vectors from TE's reference (``tests/golden/``, see its README; a missing
-    file fails the tests);
-  * against an INDEPENDENT numpy + ml_dtypes implementation of the CUDA-kernel formulas (tests/core/nvfp4_reference.py)
-    (numpy float32 keeps subnormals, as TE's kernels do), on every input kind the golden vectors were
-    generated from (and a few edge kinds beyond them).
+The shared bitwise suite every implementation runs (TE's golden vectors and the INDEPENDENT numpy + ml_dtypes
+reference, tests/core/nvfp4_reference.py, on every input kind): test_quantizer_implementations.py. Here the
+reference checks the XLA form on larger, mixed and fp32 inputs, and the golden vectors under a division as
+inexact as XLA:GPU's.
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import jax
@@ -21,120 +19,18 @@ import pytest
 
 from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core import nvfp4 as nv
-from nvfp4_reference import (  # the independent oracle (tests/core/nvfp4_reference.py)
-    f32, FLT_MAX, BF16_MAX, rht_ref, rht_order_sensitive, quantize_ref)
-
-# ------------------------------------------------------------------------------------------------
-# Input kinds (the golden vectors' generator kinds, tests/golden/README.md, plus edge kinds), own seeds.
-# ------------------------------------------------------------------------------------------------
-def to_bf16(v):
-  """RNE to bf16 (via float32, subnormals kept), stored as float32, with -0.0 replaced by +0.0."""
-  out = np.asarray(v, np.float64).astype(f32).astype(ml_dtypes.bfloat16).astype(f32)
-  return np.where(out == 0, f32(0), out)
-
-
-def _ties(rng, m, n):
-  """amax exactly 2688 (S_enc = 1). Even tiles: E2M1 ties under an exact 2**k scale (6 * 2**k on the
-  tile's diagonal so every row, column and tile has that block amax). Odd tiles: block amax 6 * t with
-  t an E4M3 rounding tie (normal or subnormal), the rest random below it."""
-  e2m1_ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
-  normal_ties = [(1 + (2 * j + 1) / 16) * 2.0**e for e in range(-6, 8) for j in range(8)]
-  normal_ties += [(1 + (2 * j + 1) / 16) * 256 for j in range(6)]  # up to 432
-  sub_ties = [(2 * j + 1) * 2.0**-10 for j in range(8)]  # 2**-10 (ties to 0), 1.5 * 2**-9, ...
-  e4m3_ties = np.array(normal_ties + sub_ties)
-  x = np.zeros((m, n))
-  diag = np.eye(16, dtype=bool)
-  for ti in range(m // 16):
-    for tj in range(n // 16):
-      sign = rng.choice([-1.0, 1.0], size=(16, 16))
-      if (ti + tj) % 2 == 0:
-        k = rng.integers(-8, 8)
-        tile = rng.choice(e2m1_ties, size=(16, 16)) * 2.0**k
-        tile[diag] = 6 * 2.0**k
-      else:
-        t = rng.choice(e4m3_ties)
-        tile = rng.uniform(0, 6 * t, size=(16, 16))
-        tile[diag] = 6 * t
-      x[ti * 16 : ti * 16 + 16, tj * 16 : tj * 16 + 16] = tile * sign
-  x[0, 0] = 2688.0
-  return x
-
-
-def make_input(kind, shape, seed, tiny_block_axis=1):
-  rng = np.random.default_rng(seed)
-  m, n = shape
-  if kind == "normal":
-    x = rng.standard_normal(shape)
-  elif kind == "student_t":
-    x = rng.standard_t(2, size=shape)
-  elif kind == "spikes":
-    x = rng.standard_normal(shape)
-    x[rng.random(shape) < 0.002] *= 1000
-  elif kind == "wide_elem":
-    x = rng.choice([-1.0, 1.0], size=shape) * 10.0 ** rng.uniform(-8, 4, size=shape)
-  elif kind == "wide_tile":
-    tiles = 10.0 ** rng.uniform(-8, 4, size=(m // 16, n // 16))
-    x = rng.standard_normal(shape) * np.repeat(np.repeat(tiles, 16, 0), 16, 1)
-  elif kind == "zero_blocks":
-    x = rng.standard_normal(shape)
-    assert m >= 64 and n >= 80, "zero_blocks needs a (>=64, >=80) shape"
-    x[0:16, 0:16] = 0
-    x[20, 32:48] = 0
-    x[48:64, 70] = 0
-    x[16:32, 16:32] *= 1e-3
-  elif kind == "all_zero":
-    x = np.zeros(shape)
-  elif kind == "tiny_pow2":
-    x = rng.standard_normal(shape) * 2.0**-100
-  elif kind == "tiny_clamped":
-    x = rng.standard_normal(shape) * 2.0**-124
-  elif kind == "subnormal":
-    x = rng.integers(-127, 128, size=shape) * 2.0**-133
-    x[rng.random(shape) < 0.1] = 0
-  elif kind == "huge":
-    x = rng.standard_normal(shape) * 1e37
-    x[m // 2, n // 3] = BF16_MAX
-    if tiny_block_axis == 1:
-      x[1, 16:32] = rng.standard_normal(16) * 1e28
-    else:  # along axis 0: RHT groups then never mix 1e28 with 1e37 (the fp32 sum would be order-sensitive)
-      x[16:32, 1] = rng.standard_normal(16) * 1e28
-  elif kind == "ties":
-    x = _ties(rng, m, n)
-  else:
-    raise ValueError(kind)
-  return to_bf16(x)
-
-
-KINDS = ("normal", "student_t", "spikes", "wide_elem", "wide_tile", "zero_blocks", "all_zero",
-         "tiny_pow2", "tiny_clamped", "subnormal", "huge", "ties")
-
+from maxtext_nvfp4.core.quantizer import api, formulas, hadamard, random_bits, xla
+from nvfp4_reference import (  # the independent oracle and its inputs (tests/core/nvfp4_reference.py)
+    f32, FLT_MAX, MODE_KW, MODES, assert_bits_equal, input_for, load_golden, make_input, quantize_ref, to_bf16)
 
 # ================================================================================================
 # Helpers
 # ================================================================================================
 E2M1_GRID = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
-MODES = ("row", "col", "2d", "rht_col")
-
-
-def bits(a):
-  return np.ascontiguousarray(np.asarray(a, np.float32)).view(np.uint32)
-
-
-def assert_bits_equal(ours, ref, what):
-  ours, ref = np.asarray(ours, np.float32), np.asarray(ref, np.float32)
-  assert ours.shape == ref.shape, (what, ours.shape, ref.shape)
-  bad = bits(ours) != bits(ref)
-  if bad.any():
-    idx = tuple(np.argwhere(bad)[0])
-    pytest.fail(f"{what}: {int(bad.sum())} of {bad.size} differ; first at {idx}: ours {ours[idx]!r} vs ref {ref[idx]!r}")
-
-
-# The quantize() arguments of each mode.
-_MODE_KW = {"row": dict(axis=1), "col": dict(axis=0), "2d": dict(block_2d=True), "rht_col": dict(axis=0, rht=True)}
 
 
 def quantize_mode(x, mode, **kw):
-  return nv.quantize(jnp.asarray(x).astype(jnp.bfloat16), **_MODE_KW[mode], **kw)
+  return nv.quantize(jnp.asarray(x).astype(jnp.bfloat16), **MODE_KW[mode], **kw)
 
 
 def check_against(t, q, s8, amax, name):
@@ -145,69 +41,12 @@ def check_against(t, q, s8, amax, name):
 
 
 # ================================================================================================
-# 1. Public golden vectors (TE's reference), bit for bit
+# Beyond the shared suite (test_quantizer_implementations.py: the golden vectors and the reference on every
+# input kind, for every implementation), the XLA form's own paths
 # ================================================================================================
-_GOLDEN = pathlib.Path(__file__).resolve().parents[1] / "golden" / "nvfp4_golden_public.npz"
-_GOLDEN_CASES = (
-    [c["name"] for c in json.loads(str(np.load(_GOLDEN)["__index_json__"]))["cases"]] if _GOLDEN.exists() else []
-)
-
-
 @pytest.fixture(scope="module")
 def golden():
-  if not _GOLDEN.exists():
-    pytest.fail(f"{_GOLDEN} is missing: the TE golden vectors ship with the repository (tests/golden/README.md)")
-  z = np.load(_GOLDEN)
-  return z, {c["name"]: c for c in json.loads(str(z["__index_json__"]))["cases"]}
-
-
-def test_golden_file_present(golden):
-  z, idx = golden
-  assert json.loads(str(z["__index_json__"]))["te_commit"].startswith("d0067d0")
-  assert len(idx) == 22 and all(f"{n}_q" in z for n in idx)
-
-
-@pytest.mark.parametrize("name", _GOLDEN_CASES or ["<golden file missing>"])
-def test_public_golden_bitwise(golden, name):
-  z, idx = golden
-  c = idx[name]
-  x = jnp.asarray(z[name + "_x"]).astype(jnp.bfloat16)
-  if c["mode"] == "2d":
-    t = nv.quantize(x, block_2d=True)
-  else:
-    t = nv.quantize(x, axis=c["axis"], rht=c["rht"])
-  check_against(t, z[name + "_q"], z[name + "_scale"], z[name + "_amax"], name)
-  assert_bits_equal(nv.dequantize(t), z[name + "_deq_jaxte"], f"{name} dequantize vs _deq_jaxte")
-  if c["rht"]:
-    assert_bits_equal(nv.rht(x, axis=0), z[name + "_xrht"], f"{name} rht vs _xrht")
-    assert_bits_equal(rht_ref(z[name + "_x"], 0), z[name + "_xrht"], f"{name} reference rht")
-  # The independent reference reproduces the golden files too (validates the reference itself).
-  q, s8, amax = quantize_ref(z[name + "_x"], "rht_col" if c["rht"] else ("2d" if c["mode"] == "2d" else ("row" if c["axis"] == 1 else "col")))
-  assert_bits_equal(q, z[name + "_q"], f"{name} reference q")
-  assert_bits_equal(s8, z[name + "_scale"], f"{name} reference scale")
-
-
-# ================================================================================================
-# 2. Every input kind, against the independent reference
-# ================================================================================================
-def _input_for(kind, mode, shape=(64, 128), seed=11):
-  """The kind's input; for RHT the first seed (from ``seed``) whose RHT is accumulation-order free."""
-  for s in range(seed, seed + 50):
-    x = make_input(kind, shape, s, tiny_block_axis=0 if mode == "rht_col" else 1)
-    if mode != "rht_col" or not rht_order_sensitive(x, 0):
-      return x
-  raise AssertionError(f"no accumulation-order-insensitive {kind} input found")
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", KINDS)
-def test_matches_reference_all_kinds(kind, mode):
-  x = _input_for(kind, mode)
-  q, s8, amax = quantize_ref(x, mode)
-  t = quantize_mode(x, mode)
-  check_against(t, q, s8, amax, f"{kind}/{mode}")
-  if mode == "rht_col":
-    assert_bits_equal(nv.rht(jnp.asarray(x).astype(jnp.bfloat16), axis=0), rht_ref(x, 0), f"{kind} rht")
+  return load_golden()
 
 
 @pytest.mark.parametrize("sr", [False, True], ids=["rne", "sr"])
@@ -216,10 +55,10 @@ def test_quantize_values_equals_block_values_of_quantize(mode, sr):
   """The fused GEMM-side path (no 4-bit packing) gives block_values(quantize(x)) and amax bit for bit, on
   every input kind side by side (subnormal, tiny, huge, ties, zero blocks) and with non-finite input."""
   kinds = ("normal", "wide_elem", "wide_tile", "zero_blocks", "tiny_clamped", "subnormal", "huge", "ties")
-  x = np.concatenate([_input_for(k, mode) for k in kinds], 0)
+  x = np.concatenate([input_for(k, mode) for k in kinds], 0)
   xb = jnp.asarray(x, jnp.bfloat16)
   key = jax.random.key(3) if sr else None
-  kw = dict(_MODE_KW[mode], stochastic_key=key)
+  kw = dict(MODE_KW[mode], stochastic_key=key)
   for what, inp in (("finite", xb), ("nan", xb.at[70, 5].set(jnp.nan)), ("inf", xb.at[3, 100].set(-jnp.inf))):
     t = nv.quantize(inp, **kw)
     for dtype in (jnp.bfloat16, jnp.float32):
@@ -241,7 +80,7 @@ def test_reference_inputs_hit_the_edge_paths():
   assert ((s8 > 0) & (s8 < 2.0**-6)).any()  # E4M3-subnormal scales
   _, s8, _ = quantize_ref(make_input("huge", (64, 128), 11), "row")
   assert (s8 == 0).any()  # the ~1e28 block's scale underflows
-  _, s8, _ = quantize_ref(_input_for("huge", "rht_col"), "rht_col")
+  _, s8, _ = quantize_ref(input_for("huge", "rht_col"), "rht_col")
   assert (s8 == 0).any()  # also after the RHT
   x = make_input("ties", (64, 128), 11)
   assert np.abs(x).max() == 2688
@@ -255,7 +94,7 @@ def test_larger_shapes_and_fp32_input(mode):
   """A bigger tensor with several kinds side by side, and fp32 (non-bf16) input for 1D/2D."""
   x = np.concatenate([make_input(k, (64, 128), 3) for k in ("normal", "wide_elem", "spikes", "wide_tile")], 0)
   if mode == "rht_col":
-    x = _input_for("wide_elem", mode, (256, 128), 5)
+    x = input_for("wide_elem", mode, (256, 128), 5)
   check_against(quantize_mode(x, mode), *quantize_ref(x, mode), f"stack/{mode}")
   if mode != "rht_col":
     rng = np.random.default_rng(5)
@@ -267,7 +106,7 @@ def test_larger_shapes_and_fp32_input(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_tiny_pow2_same_q_and_scales_as_normal(mode):
-  x = _input_for("normal", mode, seed=21)
+  x = input_for("normal", mode, seed=21)
   tiny = (x * np.float32(2.0**-100)).astype(np.float32)  # exact: every value stays normal
   assert np.array_equal(to_bf16(tiny), tiny)
   a, b = nv.as_numpy(quantize_mode(x, mode)), nv.as_numpy(quantize_mode(tiny, mode))
@@ -489,7 +328,7 @@ def test_sr_random_bytes_uniform_and_uncorrelated(shape):
   correlation between neighbouring elements (within and across the 4 bytes of a word, and along rows),
   and no correlation between two keys (fold_in 1 / 2: the dgrad and wgrad copies) or two steps."""
   key = jax.random.key(7)
-  u = np.asarray(nv._random_bytes(key, shape)).astype(np.float64)
+  u = np.asarray(random_bits.random_bytes(key, shape)).astype(np.float64)
   assert u.shape == shape
   n = u.size
   hist = np.bincount(u.astype(np.int64).ravel(), minlength=256)
@@ -508,13 +347,13 @@ def test_sr_random_bytes_uniform_and_uncorrelated(shape):
   if len(shape) >= 2 and shape[-2] > 1:
     assert abs(corr(u[..., :-1, :], u[..., 1:, :])) < tol * 1.01
   others = [jax.random.fold_in(key, 1), jax.random.fold_in(key, 2), jax.random.key(8)]
-  draws = [np.asarray(nv._random_bytes(k, shape)).astype(np.float64) for k in others]
+  draws = [np.asarray(random_bits.random_bytes(k, shape)).astype(np.float64) for k in others]
   for i, a in enumerate([u] + draws):
     for b in draws[i:]:
       if a is not b:
         assert abs(corr(a, b)) < tol, "two keys gave correlated SR bits"
   # Same key, same bits (determinism); a different key changes nearly every byte.
-  assert np.array_equal(u, np.asarray(nv._random_bytes(key, shape)))
+  assert np.array_equal(u, np.asarray(random_bits.random_bytes(key, shape)))
   assert (u != draws[2]).mean() > 0.99
 
 
@@ -619,8 +458,8 @@ def test_block_values_and_global_scale():
 
 
 # Jitted once for the module (a fresh jax.jit(lambda) per call would recompile for every kind).
-_RHT_BRANCHY = jax.jit(lambda v: nv._rht_bf16(v, 0, branchless=False))  # pylint: disable=protected-access
-_RHT_BRANCHLESS = jax.jit(lambda v: nv._rht_bf16(v, 0, branchless=True))  # pylint: disable=protected-access
+_RHT_BRANCHY = jax.jit(lambda v: hadamard.rht_bf16(v, 0, branchless=False))
+_RHT_BRANCHLESS = jax.jit(lambda v: hadamard.rht_bf16(v, 0, branchless=True))
 
 
 @pytest.mark.parametrize("kind", ["normal", "tiny_pow2", "tiny_clamped", "subnormal", "wide_elem", "huge", "zero_blocks"])
@@ -645,8 +484,8 @@ def test_recip_normal_matches_ieee_including_subnormal_results():
                       np.arange(lo - 20, lo + 2000, dtype=np.uint32), np.arange(hi - 2000, hi + 1, dtype=np.uint32),
                       rng.integers(0x00800000, lo, 50_000, dtype=np.uint64).astype(np.uint32)])
   s = b.view(np.float32)
-  assert_bits_equal(np.asarray(jax.jit(nv._recip_normal)(s)), np.float32(1) / s, "1/s")
-  assert np.isnan(np.asarray(jax.jit(nv._recip_normal)(np.float32(np.nan))))
+  assert_bits_equal(np.asarray(jax.jit(formulas.recip_normal)(s)), np.float32(1) / s, "1/s")
+  assert np.isnan(np.asarray(jax.jit(formulas.recip_normal)(np.float32(np.nan))))
 
 
 def test_is_zero_tells_subnormals_from_zero():
@@ -691,7 +530,7 @@ def test_global_scales_are_ieee_for_every_amax_in_any_fusion(bound):
   did not.)"""
   amax = _amaxes_over_the_whole_range(5)
   s_enc, s_dec = _ieee_global_scales(amax, bound)
-  ours = jax.jit(jax.vmap(lambda a: nv._global_scales(a, bound)))(np.abs(amax))
+  ours = jax.jit(jax.vmap(lambda a: formulas.global_scales(a, bound)))(np.abs(amax))
   assert_bits_equal(np.asarray(ours[0]), s_enc, "S_enc")
   assert_bits_equal(np.asarray(ours[1]), s_dec, "S_dec")
 
@@ -704,8 +543,9 @@ def _ieee_encode(s8, s_dec):
 
 def test_e4m3_grid_parts_are_its_values():
   """The encode table's host constants: every E4M3 value is k8 * 2**j8 with a 4-bit k8 (0 for 0)."""
-  assert np.array_equal(nv._E4M3_K8 * np.exp2(nv._E4M3_J8.astype(np.float64)), nv._E4M3_GRID.astype(np.float64))
-  assert nv._E4M3_K8[0] == 0 and np.all((nv._E4M3_K8[1:] >= 1) & (nv._E4M3_K8[1:] < 16))
+  k8, j8 = formulas.E4M3_K8, formulas.E4M3_J8
+  assert np.array_equal(k8 * np.exp2(j8.astype(np.float64)), formulas.E4M3_GRID.astype(np.float64))
+  assert k8[0] == 0 and np.all((k8[1:] >= 1) & (k8[1:] < 16))
 
 
 @pytest.mark.parametrize("seed_fn", ["backend", "sloppy"])
@@ -719,11 +559,11 @@ def test_encode_scales_are_ieee_for_every_amax(monkeypatch, seed_fn, bound):
     monkeypatch.setattr(formats, "_seed_quotient", _sloppy_seed)
   amax = _amaxes_over_the_whole_range(9)
   _, s_dec = _ieee_global_scales(amax, bound)
-  grid = nv._E4M3_GRID
-  table = jax.jit(jax.vmap(lambda d: nv._encode_scales(jnp.asarray(grid), d)))(s_dec)
+  grid = formulas.E4M3_GRID
+  table = jax.jit(jax.vmap(lambda d: xla.encode_scales(jnp.asarray(grid), d)))(s_dec)
   assert_bits_equal(np.asarray(table), _ieee_encode(grid[None, :], s_dec[:, None]), "encode table")
   rows = np.random.default_rng(4).choice(grid, (s_dec.size, 8))
-  per_row = jax.jit(nv._encode_scales)(rows, s_dec[:, None])
+  per_row = jax.jit(xla.encode_scales)(rows, s_dec[:, None])
   assert_bits_equal(np.asarray(per_row), _ieee_encode(rows, s_dec[:, None]), "encode per block")
 
 
@@ -734,9 +574,9 @@ def test_gpu_lowering_of_the_quantizer_has_no_loop():
   key = jax.random.key(0)
   fns = {
       # the XLA form (on XLA:GPU a Triton kernel takes unbatched calls: tests/core/test_quantizer_hlo.py)
-      "rht+sr values": lambda x, k: nv._quantize_values_xla(x, k, 0, False, True, jnp.bfloat16),
-      "1d sr": lambda x, k: nv._quantize_impl(x, k, 1, False, False),
-      "2d": lambda x, k: nv._quantize_xla(x, None, None, True, False),
+      "rht+sr values": lambda x, k: xla.quantize_values(x, k, 0, False, True, jnp.bfloat16),
+      "1d sr": lambda x, k: api._quantize_impl(x, k, 1, False, False, nv.STANDARD_RULE, "auto", ""),
+      "2d": lambda x, k: xla.quantize(x, None, None, True, False),
   }
   for name, fn in fns.items():
     text = jax.jit(fn).trace(x, key).lower(lowering_platforms=("cuda",)).as_text()
@@ -746,7 +586,7 @@ def test_gpu_lowering_of_the_quantizer_has_no_loop():
 
 # ================================================================================================
 # Division: XLA:GPU's fp32 division is not IEEE (div.full.f32, 1 ulp off for ~1/4 of quotients;
-# first seen on the H200, 2026-11-30: 25 golden cases off). Every quotient in the quantizer goes
+# first seen on the H200: benchmarks/RESULTS.md). Every quotient in the quantizer goes
 # through formats.div_rn, which uses the backend's division only as a seed.
 # ================================================================================================
 def _positive_finite_pairs(n, seed):
@@ -788,7 +628,7 @@ def test_div_rn_is_the_ieee_quotient(monkeypatch, seed_fn):
 
 def test_quantizer_and_fp8_exact_with_a_gpu_like_division(monkeypatch, golden):
   """The whole quantizer (and the FP8 scales) on a backend whose division is up to 2 ulps off: golden
-  vectors still bit for bit. Before div_rn, 25 of the 22+ golden checks failed on the H200 this way."""
+  vectors still bit for bit (before div_rn, golden checks failed on the H200 this way)."""
   from maxtext_nvfp4.core import fp8
 
   monkeypatch.setattr(formats, "_seed_quotient", _sloppy_seed)
@@ -832,8 +672,10 @@ def test_no_traced_division_in_the_bit_exact_modules():
   import ast
 
   root = pathlib.Path(formats.__file__).parent
+  quantizer = sorted(str(p.relative_to(root)) for p in (root / "quantizer").glob("*.py"))
+  assert "quantizer/xla.py" in quantizer and "quantizer/triton_kernels.py" in quantizer, quantizer
   found = []
-  for fname in ("nvfp4.py", "fp8.py", "formats.py", "gemm.py", "grouped_gemm.py"):
+  for fname in ("fp8.py", "formats.py", "gemm.py", "grouped_gemm.py", *quantizer):
     tree = ast.parse((root / fname).read_text())
     for fn in ast.walk(tree):
       if not isinstance(fn, ast.FunctionDef):

@@ -1,8 +1,8 @@
 """The quantizer's GPU-only formulations give the bits of the flush-to-zero-safe ones, checked on a CPU.
 
-``core/nvfp4.py`` picks, per platform, cheaper forms on XLA:GPU (``lax.platform_dependent``): fewer passes
-over memory there (benchmarks/RESULTS.md, "Deviceless H200 compile"). The golden vectors run the CPU forms;
-these tests pin the GPU forms to them without a GPU:
+The XLA form (``core/quantizer/xla.py``) picks, per platform, cheaper forms on XLA:GPU
+(``lax.platform_dependent``): fewer passes over memory there (benchmarks/RESULTS.md, "Deviceless H200
+compile"). The golden vectors run the CPU forms; these tests pin the GPU forms to them without a GPU:
 
   * the stochastic-rounding bytes per element equal the bytes split from one hash word (integer arithmetic:
     both forms run here);
@@ -19,17 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from maxtext_nvfp4.core import nvfp4 as nv
+from maxtext_nvfp4.core.quantizer import formulas, hadamard, random_bits
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 32), (2048,)])
 def test_sr_bytes_per_element_equal_bytes_per_word(shape):
   key = jax.random.key(7)
-  by_word = np.asarray(jax.jit(lambda k: nv._random_bytes(k, shape, per_element=False))(key))
-  by_element = np.asarray(jax.jit(lambda k: nv._random_bytes(k, shape, per_element=True))(key))
+  by_word = np.asarray(jax.jit(lambda k: random_bits.random_bytes(k, shape, per_element=False))(key))
+  by_element = np.asarray(jax.jit(lambda k: random_bits.random_bytes(k, shape, per_element=True))(key))
   assert by_word.shape == by_element.shape == shape and by_word.dtype == np.uint8
   assert np.array_equal(by_word, by_element)
-  assert np.array_equal(by_word, np.asarray(jax.jit(lambda k: nv._random_bytes(k, shape))(key)))  # the default here
+  by_default = np.asarray(jax.jit(lambda k: random_bits.random_bytes(k, shape))(key))
+  assert np.array_equal(by_word, by_default)  # the default here
   assert len(np.unique(by_word)) > min(by_word.size // 4, 64)  # not a constant
 
 
@@ -57,7 +58,7 @@ def test_plain_product_with_subnormals_equals_the_flush_to_zero_safe_product():
   x_bits, enc = _operands(np.random.default_rng(0), 20000)
   with np.errstate(over="ignore"):
     ieee = np.abs(_f32_from_bits(x_bits)) * enc  # numpy: IEEE fp32 with subnormals
-  safe = np.asarray(jax.jit(nv._abs_times_enc_flush_to_zero_safe)(jnp.asarray(x_bits), jnp.asarray(enc)))
+  safe = np.asarray(jax.jit(formulas.abs_times_enc_flush_to_zero_safe)(jnp.asarray(x_bits), jnp.asarray(enc)))
   # Below 2**-100 both forms give E2M1 code 0 (RNE: below 0.25; SR: floor(2 * y + u) = 0 for u <= 255/256);
   # the safe form is exact above (a subnormal x times an enc below 2**23 is below 2**-103).
   big = ieee >= np.float32(2.0**-100)
@@ -77,7 +78,7 @@ def test_rht_upscale_of_tiny_groups_is_the_exact_product():
   xb = _f32_from_bits(bits)
   tiny = rng.integers(0, 2, (64, 1, 8)).astype(bool)
   want = np.where(tiny, xb * np.float32(2.0**64), xb)  # numpy: IEEE, exact (a power of two, no overflow)
-  upscale = jax.jit(lambda b, t: nv._rht_upscale_flush_to_zero_safe(jax.lax.bitcast_convert_type(b, jnp.float32), t))
+  upscale = jax.jit(lambda b, t: hadamard.upscale_flush_to_zero_safe(jax.lax.bitcast_convert_type(b, jnp.float32), t))
   got = np.asarray(upscale(jnp.asarray(bits), jnp.asarray(tiny)))
   assert np.array_equal(want.view(np.uint32), got.view(np.uint32))
   assert np.sum(tiny & (np.abs(xb) < np.float32(2.0**-126)) & (xb != 0)) > 100

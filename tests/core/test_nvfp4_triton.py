@@ -1,4 +1,4 @@
-"""The Triton kernel of ``core/nvfp4_triton.py`` gives ``nvfp4.quantize_values``' bits, checked on a CPU.
+"""The Pallas Triton kernels (``core/quantizer/pallas_triton.py``) give the XLA form's bits, checked on a CPU.
 
 The kernel runs through Pallas's interpreter here (the same kernel body, as XLA:CPU ops), with the
 flush-to-zero-safe form of ``fl(|x| * enc)`` that XLA:CPU needs (on XLA:GPU it takes the plain product;
@@ -7,7 +7,9 @@ values and amax, round to nearest and stochastic rounding, bf16 and fp32 operand
 NaN and Inf, every tile size (block counts that are not powers of two), operands sharded over a 2x2 mesh
 (each device's kernel takes its shard; the SR bits stay the global positions'), and batched: under one
 ``vmap`` (MoE's experts) a kernel over the whole batch with each slice's amax, SR key and positions, under
-a second the XLA form. That XLA:GPU compiles it is ``test_quantizer_hlo.py``'s and the GPU byte pins' job.
+a second the XLA form. The golden vectors and the independent reference, for every implementation:
+``test_quantizer_implementations.py``. That XLA:GPU compiles the kernels is ``test_quantizer_hlo.py``'s and the
+GPU byte pins' job.
 """
 
 import os
@@ -21,8 +23,10 @@ import pytest
 
 from maxtext_nvfp4.core import formats, fp8
 from maxtext_nvfp4.core import nvfp4 as nv
-from maxtext_nvfp4.core import nvfp4_triton as nt
 from maxtext_nvfp4.core import prng
+from maxtext_nvfp4.core.quantizer import api, hadamard, xla
+from maxtext_nvfp4.core.quantizer import pallas_triton as pt
+from maxtext_nvfp4.core.quantizer import triton_kernels as tk
 
 
 def _operand(rng, shape, dtype, specials=True):
@@ -38,9 +42,8 @@ def _operand(rng, shape, dtype, specials=True):
 
 
 def _kernel_values(x, key=None):
-  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, nt.ROWS, k, interpret=True,  # noqa: E731
-                                               flush_to_zero_safe=True)
-  return jax.jit(fn)(x, key)
+  """The forced "triton" path: on a CPU, the kernels in Pallas's interpreter with the flush-to-zero-safe forms."""
+  return jax.jit(lambda x, k: nv.quantize_values(x, stochastic_key=k, implementation="triton"))(x, key)
 
 
 def _same(a, b):
@@ -82,7 +85,7 @@ def _wgrad_operand(rng, shape, dtype):
 def test_rht_kernel_gives_quantize_values_bits(shape, dtype, sr):
   x = _wgrad_operand(np.random.default_rng(sum(shape)), shape, dtype)
   key = jax.random.key(12) if sr else None
-  fn = lambda x, k: nv._quantize_values_triton(x, jnp.bfloat16, nt.COLS_RHT, k, interpret=True,  # noqa: E731
+  fn = lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k, interpret=True,  # noqa: E731
                                                flush_to_zero_safe=True)
   got_v, got_amax = jax.jit(fn)(x, key)
   want_v, want_amax = nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)
@@ -105,7 +108,7 @@ def _same_tensor(got, want):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_rht_codes_kernel_gives_quantize_bits(shape, dtype):
   x = _wgrad_operand(np.random.default_rng(sum(shape) + 1), shape, dtype)
-  got = jax.jit(lambda x: nv._quantize_triton(x, interpret=True, flush_to_zero_safe=True))(x)
+  got = jax.jit(lambda x: pt.quantize(x, interpret=True, flush_to_zero_safe=True))(x)
   want = nv.quantize(x, axis=0, rht=True)
   assert _same_tensor(got, want)
   assert len(np.unique(np.asarray(want.scale, np.float32))) > 1
@@ -127,7 +130,7 @@ def _weight(rng, shape, dtype):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_tiles_kernel_gives_quantize_2d_bits(shape, dtype):
   x = _weight(np.random.default_rng(sum(shape) + 2), shape, dtype)
-  got = jax.jit(lambda x: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True))(x)
+  got = jax.jit(lambda x: pt.quantize(x, pt.TILES_2D, interpret=True, flush_to_zero_safe=True))(x)
   want = nv.quantize(x, block_2d=True)
   assert _same_tensor(got, want)
   assert len(np.unique(np.asarray(want.scale, np.float32))) > 3
@@ -136,9 +139,9 @@ def test_tiles_kernel_gives_quantize_2d_bits(shape, dtype):
 def test_tiles_kernel_batched_and_under_vmap():
   rng = np.random.default_rng(41)
   x = jnp.stack([_weight(rng, (32, 64), jnp.bfloat16) for _ in range(3)])
-  kernel = lambda x, **kw: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True, **kw)  # noqa: E731
-  xla = lambda x: nv._quantize_xla(x, None, None, True, False)  # noqa: E731
-  fn = jax.vmap(lambda x: nv._kernel_unless_vmapped(kernel, xla, x))
+  kernel = lambda x, **kw: pt.quantize(x, pt.TILES_2D, interpret=True, flush_to_zero_safe=True, **kw)  # noqa: E731
+  xla_form = lambda x: xla.quantize(x, None, None, True, False)  # noqa: E731
+  fn = jax.vmap(lambda x: api._kernel_unless_vmapped(kernel, xla_form, x))
   assert _pallas_calls(fn, x) == 1
   got = jax.jit(fn)(x)
   for i in range(3):
@@ -147,10 +150,11 @@ def test_tiles_kernel_batched_and_under_vmap():
 
 @pytest.mark.parametrize("traced", [False, True])
 def test_rht_column_of_unit_rows_is_tes_matrix(traced):
-  """``nvfp4._rht16_column`` (the kernels' RHT: a Python int column in the XLA form, a loop index in the
+  """``hadamard.rht16_column`` (the kernels' RHT: a Python int column in the XLA form, a loop index in the
   kernels) of the 16 unit rows gives column c of TE's ``diag(s) H16 / 4``."""
   eye = jnp.eye(16, dtype=jnp.float32)
-  col = jax.jit(lambda e, c: nv._rht16_column(list(e), c)) if traced else (lambda e, c: nv._rht16_column(list(e), c))
+  column = lambda e, c: hadamard.rht16_column(list(e), c)  # noqa: E731
+  col = jax.jit(column) if traced else column
   got = np.stack([np.asarray(col(eye, jnp.int32(c) if traced else c)) for c in range(16)], axis=1)
   assert np.array_equal(got, np.asarray(nv.rht_matrix()))
 
@@ -170,9 +174,9 @@ def test_rht_block_maxima_round_back_once_equal_the_rounded_rows_maxima():
   y[7, 82] = np.uint32(0x7FA00005).view(np.float32)  # a NaN with a payload
   tiny = jnp.asarray(rng.random(cols) < 0.5).at[:64].set(True).at[80:83].set(False)
   rows = jnp.asarray(y)
-  back = lambda v: nv._rht_round_back(v, tiny, rint=nt._rint_nonnegative)  # noqa: E731
-  got = jax.jit(lambda r: nt._rht_amax_bits(lambda c: r[c], back, (cols,)))(rows)
-  want = formats.canonical_nan_bits(jnp.max(jnp.stack([nt._abs_bits(back(rows[c])) for c in range(16)]), axis=0))
+  back = lambda v: hadamard.round_back(v, tiny, rint=tk._rint_nonnegative)  # noqa: E731
+  got = jax.jit(lambda r: tk._rht_amax_bits(lambda c: r[c], back, (cols,)))(rows)
+  want = formats.canonical_nan_bits(jnp.max(jnp.stack([tk.abs_bits(back(rows[c])) for c in range(16)]), axis=0))
   assert np.array_equal(np.asarray(got), np.asarray(want))
   assert int(got[80]) == 0x7F800000 and int(got[81]) == 0x7F800000 and int(got[82]) == 0x7FC00000
 
@@ -195,9 +199,9 @@ def test_a_nan_amax_is_the_quiet_nan_on_every_path():
   amaxes = {
       "kernel rows": _kernel_values(x)[1],
       "kernel rows sr": _kernel_values(x, key)[1],
-      "kernel rht sr": nv._quantize_values_triton(x, jnp.bfloat16, nt.COLS_RHT, key, **kw)[1],
-      "kernel rht codes": nv._quantize_triton(x, **kw).amax,
-      "kernel tiles": nv._quantize_triton(x, nt.TILES_2D, **kw).amax,
+      "kernel rht sr": pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, key, **kw)[1],
+      "kernel rht codes": pt.quantize(x, **kw).amax,
+      "kernel tiles": pt.quantize(x, pt.TILES_2D, **kw).amax,
       "xla 1x16": nv.quantize(x).amax,
       "xla rht sr": nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)[1],
       "xla 16x16": nv.quantize(x, block_2d=True).amax,
@@ -211,7 +215,7 @@ def test_rint_nonnegative_is_round_half_even():
   rng = np.random.default_rng(2)
   halves = np.arange(0, 2**12, dtype=np.float32) / np.float32(2)
   t = np.concatenate([halves, rng.uniform(0, 2**24, 20000).astype(np.float32), np.float32([2**24, 2**30 + 64])])
-  got = np.asarray(jax.jit(nt._rint_nonnegative)(jnp.asarray(t)))
+  got = np.asarray(jax.jit(tk._rint_nonnegative)(jnp.asarray(t)))
   assert np.array_equal(got, np.round(t).astype(np.float32))  # numpy rounds half to even
 
 
@@ -235,7 +239,7 @@ def test_kernel_threefry_is_jax_random_bits(partitionable):
   words = jax.random.key_data(keys)
   with jax.threefry_partitionable(partitionable):
     want = np.asarray(jax.vmap(lambda k: jax.random.bits(k, (2,), jnp.uint32))(keys))
-  got = jax.jit(lambda a, b: nt._threefry_bits2(a, b, partitionable))(words[:, 0], words[:, 1])
+  got = jax.jit(lambda a, b: tk._threefry_bits2(a, b, partitionable))(words[:, 0], words[:, 1])
   assert np.array_equal(np.stack([np.asarray(w) for w in got], axis=1), want)
 
 
@@ -255,7 +259,7 @@ def _jax_chain(key, data):
   return key
 
 
-@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("layout", [pt.ROWS, pt.COLS_RHT])
 @pytest.mark.parametrize("partitionable", [True, False])
 @pytest.mark.parametrize("data", [[2], [5, 1, 2], [0, 2**32 - 1, 3, 9, 4, 1]], ids=["1 fold", "3 folds", "6 folds"])
 def test_kernel_applies_a_folded_keys_chain_as_jax_fold_in(layout, partitionable, data):
@@ -269,7 +273,7 @@ def test_kernel_applies_a_folded_keys_chain_as_jax_fold_in(layout, partitionable
     for d in data[:-1]:
       key = prng.fold_in(key, d)
     key = prng.fold_in(key, last)
-    return nv._quantize_values_triton(x, jnp.bfloat16, layout, key, interpret=True, flush_to_zero_safe=True)
+    return pt.quantize_values(x, jnp.bfloat16, layout, key, interpret=True, flush_to_zero_safe=True)
 
   with jax.threefry_partitionable(partitionable):
     got_v, got_amax = jax.jit(kernel)(x, jnp.uint32(data[-1]))
@@ -283,22 +287,22 @@ def test_kernel_applies_a_folded_keys_chain_as_jax_fold_in(layout, partitionable
 def _slices_operand(layout, rng, n=3):
   """n independent operands stacked (a batch of experts): each its own exponent range, so each slice has its
   own amax and block scales."""
-  if layout == nt.ROWS:
+  if layout == pt.ROWS:
     return jnp.stack([_operand(rng, (32, 64), jnp.bfloat16, specials=False) for _ in range(n)])
   return jnp.stack([_wgrad_operand(rng, (32, 64), jnp.bfloat16) for _ in range(n)])
 
 
 def _slice_kwargs(layout):
-  return {} if layout == nt.ROWS else dict(axis=0, rht=True)
+  return {} if layout == pt.ROWS else dict(axis=0, rht=True)
 
 
-@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("layout", [pt.ROWS, pt.COLS_RHT])
 @pytest.mark.parametrize("keys", ["rne", "one key", "a key per slice"])
 def test_batched_kernel_gives_each_slice_its_bits(layout, keys):
   x = _slices_operand(layout, np.random.default_rng(21))
   key = {"rne": None, "one key": jax.random.key(22), "a key per slice": jax.random.split(jax.random.key(23), 3)}[keys]
   per_slice = keys == "a key per slice"
-  got_v, got_amax = jax.jit(lambda x, k: nv._quantize_values_triton(
+  got_v, got_amax = jax.jit(lambda x, k: pt.quantize_values(
       x, jnp.bfloat16, layout, k, batched=True, key_batched=per_slice, interpret=True, flush_to_zero_safe=True))(x, key)
   assert got_amax.shape == (3,)
   for i in range(3):
@@ -309,24 +313,25 @@ def test_batched_kernel_gives_each_slice_its_bits(layout, keys):
 
 
 def test_batched_codes_kernel_gives_each_slice_its_bits():
-  x = _slices_operand(nt.COLS_RHT, np.random.default_rng(24))
-  got = jax.jit(lambda x: nv._quantize_triton(x, batched=True, interpret=True, flush_to_zero_safe=True))(x)
+  x = _slices_operand(pt.COLS_RHT, np.random.default_rng(24))
+  got = jax.jit(lambda x: pt.quantize(x, batched=True, interpret=True, flush_to_zero_safe=True))(x)
   for i in range(3):
     want = nv.quantize(x[i], axis=0, rht=True)
     assert _same_tensor(jax.tree_util.tree_map(lambda a, i=i: a[i], got), want), i
 
 
 def _vmappable(layout):
-  """nvfp4's dispatch between the kernel and the XLA form (``_kernel_unless_vmapped``), the kernel in
-  Pallas's interpreter: what runs on XLA:GPU, here on the CPU."""
+  """api's dispatch between the kernel and the XLA form (``_kernel_unless_vmapped``), the kernel in Pallas's
+  interpreter: what runs on XLA:GPU, here on the CPU."""
   kw = _slice_kwargs(layout)
   axis_n = 0 if kw else 1
 
   def fn(x, key):
-    kernel = lambda x, *k, **b: nv._quantize_values_triton(  # noqa: E731
+    kernel = lambda x, *k, **b: pt.quantize_values(  # noqa: E731
         x, jnp.bfloat16, layout, *k, interpret=True, flush_to_zero_safe=True, **b)
-    xla = lambda x, *k: nv._quantize_values_xla(x, k[0] if k else None, axis_n, False, bool(kw), jnp.bfloat16)  # noqa: E731
-    return nv._kernel_unless_vmapped(kernel, xla, x, key)
+    xla_form = lambda x, *k: xla.quantize_values(  # noqa: E731
+        x, k[0] if k else None, axis_n, False, bool(kw), jnp.bfloat16)
+    return api._kernel_unless_vmapped(kernel, xla_form, x, key)
 
   return fn
 
@@ -335,26 +340,26 @@ def _pallas_calls(fn, *args):
   return str(jax.make_jaxpr(fn)(*args)).count("pallas_call")
 
 
-@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("layout", [pt.ROWS, pt.COLS_RHT])
 def test_vmap_over_fold_data_runs_the_batched_kernel(layout):
   """MoE's experts: one start key for every slice, each slice's own fold (vmapped data) -- the start key is
   broadcast to the batch and the batched kernel gives each slice the bits of its jax.random.fold_in key."""
   x = _slices_operand(layout, np.random.default_rng(43), n=4)
   base = jax.random.key(44)
   fn = jax.vmap(lambda xi, i: _vmappable(layout)(xi, prng.fold_in(prng.fold_in(base, 7), i)))
-  assert _pallas_calls(fn, x, jnp.arange(4)) == (1 if layout == nt.ROWS else 2)
+  assert _pallas_calls(fn, x, jnp.arange(4)) == (1 if layout == pt.ROWS else 2)
   got_v, got_amax = jax.jit(fn)(x, jnp.arange(4))
   for i in range(4):
     want_v, want_amax = nv.quantize_values(x[i], stochastic_key=_jax_chain(base, [7, i]), **_slice_kwargs(layout))
     assert _same(got_v[i], want_v) and _same(got_amax[i], want_amax), i
 
 
-@pytest.mark.parametrize("layout", [nt.ROWS, nt.COLS_RHT])
+@pytest.mark.parametrize("layout", [pt.ROWS, pt.COLS_RHT])
 def test_vmap_runs_the_batched_kernel_and_a_second_vmap_the_xla_form(layout):
   x = _slices_operand(layout, np.random.default_rng(25), n=4)
   keys = jax.random.split(jax.random.key(26), 4)
   once = jax.vmap(_vmappable(layout))
-  assert _pallas_calls(once, x, keys) == (1 if layout == nt.ROWS else 2)  # values (+ the RHT amax): one call each
+  assert _pallas_calls(once, x, keys) == (1 if layout == pt.ROWS else 2)  # values (+ the RHT amax): one call each
   got_v, got_amax = jax.jit(once)(x, keys)
   x2, keys2 = x.reshape((2, 2) + x.shape[1:]), keys.reshape(2, 2)
   twice = jax.vmap(jax.vmap(_vmappable(layout)))
@@ -369,7 +374,8 @@ def test_vmap_runs_the_batched_kernel_and_a_second_vmap_the_xla_form(layout):
 _SHARDED = r"""
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
-from maxtext_nvfp4.core import nvfp4 as nv, nvfp4_triton as nt, prng
+from maxtext_nvfp4.core import nvfp4 as nv, prng
+from maxtext_nvfp4.core.quantizer import api, xla, pallas_triton as pt
 assert jax.device_count() == 4, jax.devices()
 def folded(seed, *data):  # (a FoldedKey, the key jax.random.fold_in derives)
   f = j = jax.random.key(seed)
@@ -379,8 +385,8 @@ def folded(seed, *data):  # (a FoldedKey, the key jax.random.fold_in derives)
 mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
 rng = np.random.default_rng(0)
 x = jnp.asarray(rng.standard_normal((64, 512)) * np.exp2(rng.integers(-10, 10, (64, 1))), jnp.bfloat16)
-kernel = jax.jit(lambda x, k: nv._quantize_values_triton(
-    x, jnp.bfloat16, nt.ROWS, k, interpret=True, flush_to_zero_safe=True))
+kernel = jax.jit(lambda x, k: pt.quantize_values(
+    x, jnp.bfloat16, pt.ROWS, k, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   for key, ref in [(None, None), (jax.random.key(3),) * 2 if spec == P("a", "b") else folded(3, 9, 2)]:
@@ -390,8 +396,8 @@ for spec in [P("a", "b"), P(("b", "a"), None), P(None, ("a", "b"))]:
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), (spec, key)
     assert np.asarray(amax) == np.asarray(want_amax)
     assert "all-gather" not in kernel.lower(xs, key).compile().as_text(), spec
-rht = jax.jit(lambda x, k: nv._quantize_values_triton(
-    x, jnp.bfloat16, nt.COLS_RHT, k, interpret=True, flush_to_zero_safe=True))
+rht = jax.jit(lambda x, k: pt.quantize_values(
+    x, jnp.bfloat16, pt.COLS_RHT, k, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   for key, ref in [(None, None), (jax.random.key(5),) * 2 if spec == P("a", "b") else folded(5, 1, 2, 3)]:
@@ -400,7 +406,7 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), ("rht", spec, key)
     assert np.asarray(amax) == np.asarray(want_amax), ("rht", spec)
     assert "all-gather" not in rht.lower(xs, key).compile().as_text(), ("rht", spec)
-codes = jax.jit(lambda x: nv._quantize_triton(x, interpret=True, flush_to_zero_safe=True))
+codes = jax.jit(lambda x: pt.quantize(x, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   got, want = codes(xs), nv.quantize(x, axis=0, rht=True)
@@ -410,8 +416,8 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   assert "all-gather" not in codes.lower(xs).compile().as_text(), ("codes", spec)
 xb = jnp.stack([x[:, :256], x[:, 256:] * 64, x[:, :256] / 1024, x[:, 256:]])  # 4 slices, 4 amaxes
 keys = jax.random.split(jax.random.key(7), 4)
-for layout, kw, spec in [(nt.ROWS, {}, P("a", None, "b")), (nt.COLS_RHT, dict(axis=0, rht=True), P("a", "b", None))]:
-  batched = jax.jit(lambda x, k: nv._quantize_values_triton(
+for layout, kw, spec in [(pt.ROWS, {}, P("a", None, "b")), (pt.COLS_RHT, dict(axis=0, rht=True), P("a", "b", None))]:
+  batched = jax.jit(lambda x, k: pt.quantize_values(
       x, jnp.bfloat16, layout, k, batched=True, key_batched=True, interpret=True, flush_to_zero_safe=True))
   xs = jax.device_put(xb, NamedSharding(mesh, spec))
   # on the host before slicing: slicing a sharded array on the devices sums masked shards (-0.0 + 0.0 = +0.0)
@@ -421,7 +427,7 @@ for layout, kw, spec in [(nt.ROWS, {}, P("a", None, "b")), (nt.COLS_RHT, dict(ax
     assert np.array_equal(np.asarray(got[i]).view(np.uint16), np.asarray(want).view(np.uint16)), ("batched", layout, i)
     assert np.asarray(amax[i]) == np.asarray(want_amax), ("batched", layout, i)
   assert "all-gather" not in batched.lower(xs, keys).compile().as_text(), ("batched", layout)
-bcodes = jax.jit(lambda x: nv._quantize_triton(x, batched=True, interpret=True, flush_to_zero_safe=True))
+bcodes = jax.jit(lambda x: pt.quantize(x, batched=True, interpret=True, flush_to_zero_safe=True))
 xs = jax.device_put(xb, NamedSharding(mesh, P("a", None, "b")))
 got = jax.device_get(bcodes(xs))
 for i in range(4):
@@ -430,7 +436,7 @@ for i in range(4):
   assert np.array_equal(np.asarray(got.scale[i], np.float32), np.asarray(want.scale, np.float32)), ("bcodes", i)
   assert np.asarray(got.amax[i]) == np.asarray(want.amax), ("bcodes", i)
 assert "all-gather" not in bcodes.lower(xs).compile().as_text(), "bcodes"
-tiles = jax.jit(lambda x: nv._quantize_triton(x, nt.TILES_2D, interpret=True, flush_to_zero_safe=True))
+tiles = jax.jit(lambda x: pt.quantize(x, pt.TILES_2D, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(None, ("a", "b"))]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
   got, want = jax.device_get(tiles(xs)), nv.quantize(x, block_2d=True)
@@ -440,10 +446,10 @@ for spec in [P("a", "b"), P(None, ("a", "b"))]:
 # A batch whose type carries its sharding (an Explicit mesh axis) takes the XLA form under vmap.
 emesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Explicit,) * 2)
 def dispatch(x, k):
-  kernel = lambda x, *k, **b: nv._quantize_values_triton(x, jnp.bfloat16, nt.ROWS, *k, interpret=True,
+  kernel = lambda x, *k, **b: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, *k, interpret=True,
                                                          flush_to_zero_safe=True, **b)
-  xla = lambda x, *k: nv._quantize_values_xla(x, k[0] if k else None, 1, False, False, jnp.bfloat16)
-  return nv._kernel_unless_vmapped(kernel, xla, x, k)
+  xla_form = lambda x, *k: xla.quantize_values(x, k[0] if k else None, 1, False, False, jnp.bfloat16)
+  return api._kernel_unless_vmapped(kernel, xla_form, x, k)
 with jax.set_mesh(emesh):
   xe, ke = (jax.device_put(a, NamedSharding(emesh, P("a"))) for a in (xb, keys))
   assert "pallas_call" not in str(jax.make_jaxpr(jax.vmap(dispatch))(xe, ke))
@@ -502,14 +508,13 @@ def test_kernels_use_no_float_neg_min_or_max():
   """Pallas's Triton lowering negates a float as ``0 - x`` (-0.0 becomes +0.0) and lowers min/max as
   minnum/maxnum (a NaN operand yields the other one); Pallas's interpreter, like XLA, flips the sign bit and
   propagates NaN. So the CPU tests cannot see those differences, and the kernels must not contain such ops
-  (``formats.negate_where``, ``copysign``, ``min_nan`` instead; on the H200 they had cost signed zeros and NaN
-  scales, 2026-12-04)."""
-  f = nv._triton_formulas()
+  (``formats.negate_where``, ``copysign``, ``min_nan`` instead; on the H200 they cost signed zeros and NaN
+  scales)."""
   x, key = jnp.zeros((64, 256), jnp.bfloat16), jax.random.key(0)
-  calls = [lambda x, k: nt.quantize_values(x, jnp.bfloat16, nt.ROWS, k, formulas=f),
-           lambda x, k: nt.quantize_values(x, jnp.bfloat16, nt.COLS_RHT, k, formulas=f),
-           lambda x, k: nt.quantize_codes(x, nt.COLS_RHT, formulas=f),
-           lambda x, k: nt.quantize_codes(x, nt.TILES_2D, formulas=f)]
+  calls = [lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, k),
+           lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k),
+           lambda x, k: pt.quantize_codes(x, pt.COLS_RHT),
+           lambda x, k: pt.quantize_codes(x, pt.TILES_2D)]
   for call in calls:
     kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
     assert kernels, "no pallas_call found: the check would pass vacuously"
@@ -518,16 +523,26 @@ def test_kernels_use_no_float_neg_min_or_max():
 
 
 def test_layout_only_where_a_kernel_computes_the_call():
-  x = jnp.zeros((32, 64), jnp.bfloat16)
-  assert nt.layout_of(x, 1, False, False, None) == nt.ROWS
-  assert nt.layout_of(x, 0, False, True, None) == nt.COLS_RHT
-  assert nt.layout_of(x, 0, False, False, None) is None  # block axis not last, no RHT
-  assert nt.layout_of(x, 1, False, True, None) is None  # RHT along the last axis
-  assert nt.layout_of(jnp.zeros((32, 6), jnp.bfloat16), 0, False, True, None) is None  # columns not 4k
-  assert nt.layout_of(x, None, True, False, None) is None  # 16x16 tiles
-  assert nt.layout_of(x, 1, False, False, nv.ScaleRule(row_scaled=True)) is None  # another scale rule
-  assert nt.codes_layout_of(x, 0, False, True, None) == nt.COLS_RHT
-  assert nt.codes_layout_of(x, 1, False, False, None) is None  # quantize 1x16 along rows: the XLA form
-  assert nt.codes_layout_of(x, None, True, False, None) == nt.TILES_2D  # W's 16x16 tiles
-  assert nt.codes_layout_of(jnp.zeros((32, 40), jnp.bfloat16), None, True, False, None) is None  # 40 columns
-  assert nt.codes_layout_of(x, None, True, False, nv.ScaleRule(selection="4over6")) is None  # another rule
+  """The layout functions name a kernel exactly for the calls it computes, and otherwise say why not."""
+  x, std = jnp.zeros((32, 64), jnp.bfloat16), nv.STANDARD_RULE
+  values = lambda x, *a: pt.values_layout(x, *a)  # noqa: E731
+  assert values(x, 1, False, False, std) == (pt.ROWS, None)
+  assert values(x, 0, False, True, std) == (pt.COLS_RHT, None)
+  for args, why in [((x, 0, False, False, std), "other than the last"),  # block axis not last, no RHT
+                    ((x, 1, False, True, std), "other than axis 0"),  # RHT along the last axis
+                    ((jnp.zeros((32, 6), jnp.bfloat16), 0, False, True, std), "multiple of 4"),  # columns not 4k
+                    ((x, None, True, False, std), "16x16 tiles"),
+                    ((x, 1, False, False, nv.ScaleRule(row_scaled=True)), "scale rule"),
+                    ((x.astype(jnp.float16), 1, False, False, std), "float16")]:
+    layout, reason = values(*args)
+    assert layout is None and why in reason, (args[1:], reason)
+  codes = lambda x, *a: pt.codes_layout(x, *a)  # noqa: E731
+  assert codes(x, 0, False, True, std) == (pt.COLS_RHT, None)
+  assert codes(x, None, True, False, std) == (pt.TILES_2D, None)  # W's 16x16 tiles
+  for args, why in [((x, 1, False, False, std), "without RHT"),  # quantize 1x16 along rows: the XLA form
+                    ((jnp.zeros((32, 40), jnp.bfloat16), None, True, False, std), "not a 2D matrix"),  # 40 columns
+                    ((jnp.zeros((2, 32, 64), jnp.bfloat16), None, True, False, std), "not a 2D matrix"),
+                    ((x, None, True, False, nv.ScaleRule(selection="4over6")), "scale rule"),
+                    ((x, 0, False, True, std, True), "stochastic rounding")]:
+    layout, reason = codes(*args)
+    assert layout is None and why in reason, (args[1:], reason)

@@ -89,7 +89,7 @@ def test_batched_gemm_with_a_folded_key_gives_each_expert_its_fold():
   for e in range(b):  # expert e: fold_in(key, e) of the GEMM's key (gemm's docstring)
     ex, ew = _grads(x[e], w[e], dy[e], _jax_chain(base, [6, e]))
     # The same quantized operands; only the batched GEMM's fp32 accumulation order may differ, and so the bf16
-    # rounding of the gradients by one bf16 ulp (on the H200: 7 of 3072 dW values, 2026-12-04).
+    # rounding of the gradients by one bf16 ulp (seen on the H200: benchmarks/RESULTS.md).
     for got, want in ((gx[e], ex), (gw[e], ew)):
       assert _within_one_bf16_ulp(got, want), e
     # Another expert's key draws other bits: outside that tolerance.

@@ -110,7 +110,8 @@ def test_counter_on_known_programs(cpu_counts):
   assert s["traffic_bytes_per_element"] >= 2 + 4 + 4 + 4 + 2
 
 
-# XLA:CPU at jax 0.12.0.1, 256x512 bf16 (measured 2026-11-30): operand reads, f32 temps, traffic B/element.
+# XLA:CPU at jax 0.12.0.1, 256x512 bf16: operand reads, f32 temps, traffic B/element (the measured values:
+# benchmarks/RESULTS.md, "Facts moved out of core/ comments").
 # 1D/2D: the operand is read twice (block amax, element pass) and no full-size 32-bit buffer exists; the
 # packed-code -> float4 bitcast is a third pass over half-size data (q*); the block-level f32 arrays (scales,
 # encode factors) are most of the rest. RHT: the CPU's YNNPACK reduce needs its f32 input materialized, and
@@ -136,7 +137,7 @@ def test_quantizer_passes_on_cpu(cpu_counts, case):
   assert c["operand_reads"] >= 1 and c["full_writes"] >= 1 and c["traffic_bytes_per_element"] > 2.0
 
 
-# The quantize_values calls that run as one Triton kernel on XLA:GPU (core/nvfp4_triton.py).
+# The calls that run as Pallas Triton kernels on XLA:GPU (core/quantizer/pallas_triton.py).
 _TRITON_CASES = ("v1d", "v1d_sr", "v0_rht_sr", "qrht", "q2d")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position

@@ -40,7 +40,7 @@ for row-scaled), through the same comparison, with ``nvfp4.ScaleRule`` on our si
 own options on TE's. Removing one element from our 4over6 block error must fail them.
 
 Stochastic rounding: TE's reference has none. Cases with ``sr`` pass our random bytes ``u`` (from
-``nvfp4._random_bytes`` for the same key) to the peer, which applies TE JAX's SR formula (read from the
+``random_bits.random_bytes`` for the same key) to the peer, which applies TE JAX's SR formula (read from the
 wheel) with ``rand = 1 - u / 256`` to the reference's scaled values: same bits in, same codes out.
 ``test_sr_distribution_matches_te_formula`` compares the distributions with independent bits.
 
@@ -66,6 +66,7 @@ import pytest
 import peer_support
 import te_cases
 from maxtext_nvfp4.core import nvfp4
+from maxtext_nvfp4.core.quantizer import random_bits, xla
 
 N_CASES = int(os.environ.get("MAXTEXT_NVFP4_PEER_CASES", "400"))
 N_SHAPES = int(os.environ.get("MAXTEXT_NVFP4_PEER_SHAPES", "3"))
@@ -271,7 +272,7 @@ def peer_run(tmp_path_factory):
   x = te_cases.to_bf16_grid(rng.standard_normal(SR_SHAPE).astype(np.float32))
   sr_draws, keys2 = _sr_cases(SEED, SR_DRAWS, start=N_CASES + SR_SHARED, shape=SR_SHAPE, x=x)
   keys.update(keys2)
-  rbytes = {c.index: np.asarray(nvfp4._random_bytes(keys[c.index], c.x.shape)) for c in sr_shared}  # pylint: disable=protected-access
+  rbytes = {c.index: np.asarray(random_bits.random_bytes(keys[c.index], c.x.shape)) for c in sr_shared}
   start = N_CASES + SR_SHARED + SR_DRAWS
   ties = [te_cases.Case(index=start + i, mode=mode, dtype=dtype, dist="e2m1_ties",
                         x=te_cases.d_e2m1_ties(rng, (16, 16), mode))
@@ -340,8 +341,7 @@ def test_oracle_catches_a_one_element_change_in_4over6(peer_run, monkeypatch):
   assert cases and not compare(cases, quantize_ours(cases), te)["bad"], f"seed={SEED}: fails unmutated"
   jax.clear_caches()
   _batched.cache_clear()
-  monkeypatch.setattr(nvfp4, "_four_over_six_element_error",
-                      _drop_one_element(nvfp4._four_over_six_element_error))  # pylint: disable=protected-access
+  monkeypatch.setattr(xla, "four_over_six_element_error", _drop_one_element(xla.four_over_six_element_error))
   try:
     res = compare(cases, quantize_ours(cases), te)
   finally:
@@ -361,7 +361,7 @@ def test_oracle_catches_a_one_ulp_change_in_our_scale(peer_run, monkeypatch):
   assert not compare(ties, quantize_ours(ties), te)["bad"], f"seed={SEED}: tie cases fail unmutated"
   jax.clear_caches()
   _batched.cache_clear()
-  monkeypatch.setattr(nvfp4, "_block_scales", _perturb_enc_one_ulp(nvfp4._block_scales))  # pylint: disable=protected-access
+  monkeypatch.setattr(xla, "block_scales", _perturb_enc_one_ulp(xla.block_scales))
   try:
     res = compare(ties, quantize_ours(ties), te)
   finally:

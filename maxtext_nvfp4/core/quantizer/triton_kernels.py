@@ -1,0 +1,392 @@
+"""The Pallas (Triton) kernels of implementation "triton" (``pallas_triton.py``): for a tile of whole 16-element
+blocks, in registers, the formulas of ``formulas.py``, ``hadamard.py`` and ``random_bits.py`` themselves::
+
+    scalars:  S_enc, S_dec = formulas.global_scales(amax);  c = fl(S_enc * fl(1/6))      (per tile)
+    [y = RHT(x): tiny groups at 2**64, one bf16 rounding]                            (COLS_RHT)
+    bamax = max |y| over the 16            (ROWS, TILES_2D; COLS_RHT reads the RHT-amax kernel's)
+    s8    = rnd(min(fl(bamax * c), 448), E4M3)
+    enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)                per block, from integers
+    k     = E2M1 code of fl(|y| * enc)     (RNE, or SR with random_bits' byte of the element)
+    v     = ±grid(k) * s8                  written once (bf16)            (values_call)
+    [or: k and the sign packed two per byte, s8's E4M3 byte]              (codes_call, tiles_call)
+
+Differences of form from the XLA implementation, each exact: the encode scale per block
+(``formulas.encode_from_e4m3_parts``) instead of a lookup in the 127-entry table (Triton has no gather; the
+table is the same function of each E4M3 value); SR's two key words ``jax.random.bits(key, (2,), uint32)`` from
+the Threefry key's words by jax's 20 rounds in the kernel (:func:`_threefry_bits2`: each of jax's own costs
+XLA:GPU seconds of compile), after the key's deferred ``fold_in`` chain (``prng.FoldedKey``: one
+``threefry2x32`` of ``(0, data)`` per fold); round half to even as :func:`_rint_nonnegative` (Triton has no
+``round``); the RHT of a group's 16 rows elementwise, each output row ``hadamard.rht16_column`` (the matrix
+entries as literals or from a loop index's bits: a kernel captures no array constant), its 16-term fp32 sums
+left to right where XLA's form reduces in its own order: bit-exact wherever the sums do not depend on the
+order (the RHT's contract). ``fl(|x| * enc)`` and the tiny-group upscale are the plain IEEE forms, as on
+XLA:GPU (``xla_gpu_ftz`` off); on a flush-to-zero backend (the Pallas interpreter on a CPU) the exact forms
+(``safe``; ``tests/core/test_nvfp4_gpu_paths.py`` checks the two agree).
+
+On a GPU, Pallas's Triton lowering negates a float as ``0 - x`` and takes min/max as minnum/maxnum, unlike
+XLA and Pallas's interpreter: the kernels use no float neg, min or max (``formats.negate_where``,
+``copysign``, ``min_nan``; tested on the jaxprs).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+
+from maxtext_nvfp4.core import formats
+from maxtext_nvfp4.core.formats import E2M1, E4M3
+from maxtext_nvfp4.core.quantizer import formulas, hadamard, random_bits
+
+_BLOCK = formulas.BLOCK
+# Tile: up to 16 rows x 16 blocks (4096 elements, 8 KiB of bf16 in): powers of two that divide the operand
+# (Triton blocks are powers of two; dividing ones need no masking). Triton unrolls a tile's elements over
+# the program's threads: larger tiles compile several times slower under SR (benchmarks/RESULTS.md, "Facts
+# moved out of core/ comments").
+_MAX_ROWS = 16
+_MAX_BLOCKS = 16
+# COLS_RHT: one group (16 rows) x up to this many columns; each row is a (cols,) array spread over the program's
+# threads. 128 columns and 16 tiles per program were the fastest of the sizes timed on the H200 (same heading).
+_MAX_RHT_COLS = 128
+_MAX_TILES = 16  # 16x16 tiles (TILES_2D) per program: 16 rows x 256 columns
+
+
+def _rint_nonnegative(t):
+  """Round half to even of fp32 ``t`` in [0, 2**31) (NaN: unspecified), from the truncation: Triton has no
+  ``round``. ``t - trunc(t)`` is exact below 2**24 and zero above (every such fp32 is an integer)."""
+  i = t.astype(jnp.int32)
+  d = t - i.astype(jnp.float32)
+  up = (d > np.float32(0.5)) | ((d == np.float32(0.5)) & ((i & 1) == 1))
+  return (i + up.astype(jnp.int32)).astype(jnp.float32)
+
+
+def _pow2_tile(n: int, cap: int) -> int:
+  """The largest power of two <= cap (itself a power of two) that divides n."""
+  return math.gcd(n, cap)
+
+
+# The two operand layouts the kernels take (x3: the operand reshaped, its 16-element blocks on one axis):
+#   ROWS     x (..., K) -> (R, K/16, 16): blocks along the last axis (x for fprop, dy for dgrad)
+#   COLS_RHT x (T, N)   -> (T/16, 16, N): blocks along axis 0, RHT along them first (dy for wgrad)
+ROWS = "rows"
+COLS_RHT = "cols_rht"
+TILES_2D = "tiles_2d"  # quantize only: 16x16 tiles of a 2D operand (W), TE's byte layout
+
+
+def _positions(shape, k_ref):
+  """ROWS: (t, n), each element's row and column of a (rows, blocks, 16) tile in its slice's 2D view (T, N),
+  uint32, from the shard's first (row, column) in ``k_ref``'s last two entries and the tile's place in the
+  grid (batch, i, j)."""
+  a, b, c = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(3))
+  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
+  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
+  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
+  return t0 + a, n0 + b * np.uint32(_BLOCK) + c
+
+
+def _group_positions(k_ref, cols: int):
+  """COLS_RHT: (t, n) of a (1, 16, cols) tile in its slice's 2D view (T, N): its group's first row (a uint32
+  scalar) and its columns (cols,), from the shard's first (row, column) in ``k_ref``'s last two entries."""
+  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
+  t = first_t + (pl.program_id(1) * _BLOCK).astype(jnp.uint32)
+  n = first_n + (pl.program_id(2) * cols).astype(jnp.uint32) + lax.broadcasted_iota(jnp.uint32, (cols,), 0)
+  return t, n
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def abs_bits(v):
+  """|v|'s fp32 bits as int32 (their order is |v|'s: maxima by integer max, NaN above every number)."""
+  return (formats.bits(v) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
+
+
+def _threefry2x32(k1, k2, x1, x2):
+  """jax's Threefry-2x32 hash of the counter words (x1, x2) under the key words (k1, k2), uint32 (the 20
+  rounds of ``jax._src.random.threefry2x32``'s unrolled lowering)."""
+  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for i in range(5):
+    for r in _THREEFRY_ROTATIONS[i % 2]:
+      x1 = x1 + x2
+      x2 = x1 ^ ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r)))
+    x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x1, x2
+
+
+def _threefry_bits2(k1, k2, partitionable: bool):
+  """``jax.random.bits(key, (2,), uint32)`` of a Threefry key with words (k1, k2), from scalars (a kernel
+  computes it; XLA:GPU spends seconds compiling each of jax's): with ``jax_threefry_partitionable`` each
+  word is ``y1 ^ y2`` of the counter (0, i), without it the two words of the counter (0, 1)."""
+  zero = np.uint32(0)
+  if partitionable:
+    (a1, a2), (b1, b2) = _threefry2x32(k1, k2, zero, zero), _threefry2x32(k1, k2, zero, np.uint32(1))
+    return a1 ^ a2, b1 ^ b2
+  return _threefry2x32(k1, k2, zero, np.uint32(1))
+
+
+def _sr_words(k_ref, threefry: bool | None, folds: int):
+  """SR's two key words (k0, k1) of this shard, from ``k_ref`` = (key word 0, key word 1, fold data 0 ..
+  ``folds - 1``, zeros, first row, first column): the Threefry key's words, each fold ``(w0, w1) =
+  threefry2x32((w0, w1), (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`_threefry_bits2`
+  (``threefry``: the partitionable flag); or (``threefry`` None, no folds) the two words themselves."""
+  k0, k1 = k_ref[0], k_ref[1]
+  for i in range(folds):
+    k0, k1 = _threefry2x32(k0, k1, np.uint32(0), k_ref[2 + i])
+  if threefry is not None:
+    k0, k1 = _threefry_bits2(k0, k1, threefry)
+  return k0, k1
+
+
+def _sr_fraction(words, t, n, n_total: int):
+  """``u = byte / 256`` of ``random_bits.random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (uint32, the
+  slice's 2D view): the same per-element form, ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N /
+  4) + n div 4`` (uint32, wrapping like ``random_bits.word_index``); ``words``: (k0, k1) (:func:`_sr_words`);
+  ``n_total``: N of the whole operand (the tile may be a shard's)."""
+  k0, k1 = words
+  word = t * np.uint32(n_total // 4) + n // np.uint32(4)
+  h = random_bits.lowbias32(random_bits.lowbias32(word + k0) ^ k1)
+  byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
+  return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
+
+
+def _int_max(vs):
+  """Elementwise max of int32 arrays (Triton lowers an integer max exactly)."""
+  m = vs[0]
+  for v in vs[1:]:
+    m = jnp.maximum(m, v)
+  return m
+
+
+def _rht_columns(x_ref, safe: bool):
+  """The RHT (``hadamard``) of a kernel's (1, 16, ...) tile, one group, as ``(sums, back)``: its 16 rows loaded on
+  their own (tiny groups, max |x| < 2**-60, at 2**64 scale); ``sums(c)`` -> row c of the transform before
+  its rounding (``hadamard.rht16_column``; ``c`` an int, or a ``fori_loop`` index), ``back(y)`` -> its one bf16
+  rounding at the true size (fp32 on the bf16 grid): the transform's row c is ``back(sums(c))``. Rows, not a
+  (16, cols) tile: every step is elementwise, with no reduction across a tile axis (Triton moves those
+  through shared memory); a loop over c, not 16 unrolled sums, keeps the kernel small enough for Triton to
+  compile in seconds."""
+  rows = [formats.to_f32_exact(x_ref[0, r]) for r in range(_BLOCK)]
+  tiny = _int_max([abs_bits(r) for r in rows]) < int(np.float32(hadamard.TINY).view(np.int32))
+  up = hadamard.upscale_flush_to_zero_safe if safe else hadamard.upscale_ieee
+  xs = [up(r, tiny) for r in rows]
+  return (lambda c: hadamard.rht16_column(xs, c)), (lambda y: hadamard.round_back(y, tiny, rint=_rint_nonnegative))
+
+
+def _rht_amax_bits(sums, back, shape):
+  """Block maxima ``max_c |back(sums(c))|`` over the 16 transform rows as :func:`abs_bits` (int32, ``shape``),
+  a NaN as the quiet NaN (as ``xla.block_amaxes``), computed as ``back(max_c |sums(c)|)``: the same value,
+  as the rounding back is monotone and odd, with one rounding per column instead of 16."""
+  m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
+  return formats.canonical_nan_bits(abs_bits(back(formats.from_bits(m))))  # back keeps NaN a NaN, Inf an Inf
+
+
+def _scalars(amax):
+  """``(fl(S_enc * fl(1/6)), S_dec)`` of a slice's amax, computed in the kernel (a NaN S_dec as 1: the NaN
+  scales then come from the first, as the XLA form's table lookup gives NaN). In the kernel, not in XLA: the
+  chain's integer division is scalar work for a kernel, and XLA:GPU spends seconds compiling each copy."""
+  s_enc, s_dec = formulas.global_scales(amax)
+  return formulas.block_scale_factor(s_enc), jnp.where(jnp.isnan(s_dec), np.float32(1.0), s_dec)
+
+
+def _block_scale(bamax, c, s_dec):
+  """(s8, enc): the E4M3 block scale of block maxima ``bamax`` and its encode scale (NaN for a NaN amax)."""
+  dec = formats.min_nan(formulas.mul_exact(bamax, c), np.float32(formulas.E4M3_MAX))
+  s8 = formats.round_to_format(dec, E4M3, rint=_rint_nonnegative)
+  s8 = jnp.where(jnp.isnan(dec), dec, s8)  # a NaN amax: NaN scales, as jnp.round keeps NaN
+  k8, j8 = formulas.e4m3_parts(jnp.where(jnp.isnan(s8), np.float32(0.0), s8))
+  return s8, jnp.where(jnp.isnan(s8), s8, formulas.encode_from_e4m3_parts(k8, j8, s_dec))
+
+
+def _e2m1(y, enc, u, safe: bool):
+  """(k, neg): E2M1 magnitude indices (fp32) and signs of fp32 ``y`` under encode scale ``enc``."""
+  product = formulas.abs_times_enc_flush_to_zero_safe if safe else formulas.abs_times_enc_ieee
+  return formulas.e2m1_code_of_product(y, enc, u, product=product, rint=_rint_nonnegative)
+
+
+def _value(k, neg, s8):
+  """``±grid(k) * s8`` (fp32, on x's grid)."""
+  return formats.negate_where(formats.grid_value(k, E2M1), neg) * s8
+
+
+def _codes_tile(xf, axis, c, s_dec, u, safe: bool):
+  """(k, neg, s8): E2M1 magnitude indices (fp32), signs and block scales (fp32, the block dims kept) of a tile
+  whose blocks lie along ``axis`` (one axis, or a tuple: 16x16 tiles)."""
+  s8, enc = _block_scale(formats.from_bits(jnp.max(abs_bits(xf), axis=axis, keepdims=True)), c, s_dec)
+  return (*_e2m1(xf, enc, u, safe), s8)
+
+
+def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry: bool | None,
+                   folds: int, sr: bool):
+  refs = list(refs)
+  k_ref = refs.pop(0) if sr else None
+  b_ref = refs.pop(0) if layout == COLS_RHT else None  # the RHT-amax kernel's block maxima
+  x_ref, v_ref = refs
+  c, s_dec = _scalars(a_ref[0])
+  words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
+  if layout == ROWS:
+    xf = formats.to_f32_exact(x_ref[...])
+    u = None if words is None else _sr_fraction(words, *_positions(xf.shape, k_ref), n_total)
+    v_ref[...] = _value(*_codes_tile(xf, 2, c, s_dec, u, safe)).astype(v_ref.dtype)  # (rows, blocks, 16)
+    return
+  sums, back = _rht_columns(x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
+  cols = x_ref.shape[2]
+  s8, enc = _block_scale(formats.from_bits(b_ref[0]), c, s_dec)
+  t, n = (None, None) if words is None else _group_positions(k_ref, cols)
+
+  def row(r, carry):
+    u = None if words is None else _sr_fraction(words, t + r.astype(jnp.uint32), n, n_total)
+    v_ref[0, r, :] = _value(*_e2m1(back(sums(r)), enc, u, safe), s8).astype(v_ref.dtype)
+    return carry
+
+  lax.fori_loop(0, _BLOCK, row, 0)
+
+
+def _packed_codes(k, neg, *, pair_axis: int):
+  """TE's bytes of a tile's codes: E2M1 codes two per byte along ``pair_axis`` (a column pair; even column in
+  the low nibble, as ``tensor.pack``)."""
+  codes = k.astype(jnp.int32) | (neg.astype(jnp.int32) << 3)
+  nibble = lax.broadcasted_iota(jnp.int32, codes.shape, pair_axis) * 4
+  return jnp.sum(codes << nibble, axis=pair_axis).astype(jnp.uint8)
+
+
+def _scale_bytes(s8):
+  """The E4M3 scales' bytes (a non-negative E4M3 grid value's bit pattern is its grid code; NaN: 0x7F, what a
+  float8 cast gives)."""
+  return jnp.where(jnp.isnan(s8), 0x7F, formulas.e4m3_code(s8)).astype(jnp.uint8)
+
+
+def _codes_kernel(a_ref, b_ref, x_ref, d_ref, e_ref, *, safe: bool):
+  """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
+  codes two per byte along the columns (even column in the low nibble, as ``tensor.pack``) and the E4M3 block
+  scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+  c, s_dec = _scalars(a_ref[0])
+  sums, back = _rht_columns(x_ref, safe)
+  s8, enc = _block_scale(formats.from_bits(b_ref[0]), c, s_dec)
+
+  def row(r, carry):
+    d_ref[0, r, :] = _packed_codes(*_e2m1(back(sums(r)), enc, None, safe), pair_axis=1)
+    return carry
+
+  lax.fori_loop(0, _BLOCK, row, 0)
+  e_ref[0, 0, :, :] = _scale_bytes(s8)
+
+
+def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, safe: bool):
+  """TILES_2D, RNE, on a (1, 16, tiles, 8, 2) tile of W viewed as (K/16, 16, N/16, 8, 2): each 16x16 tile's
+  amax over its rows and its 8 column pairs, the E2M1 codes two per byte along the columns (even column in the
+  low nibble) and the tile's E4M3 scale byte."""
+  c, s_dec = _scalars(a_ref[0])
+  k, neg, s8 = _codes_tile(formats.to_f32_exact(x_ref[...]), (1, 3, 4), c, s_dec, None, safe)
+  d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=4), _scale_bytes(s8)
+
+
+def _rht_amax_kernel(x_ref, m_ref, *, safe: bool):
+  """Per tile column: max |RHT(x)| bits over its group's 16 rows (the tensor amax's first step)."""
+  m_ref[0, :] = _rht_amax_bits(*_rht_columns(x_ref, safe), (x_ref.shape[2],))
+
+
+def _tiles(layout: str, shape):
+  """The kernel's tile of an x3 of ``shape`` (batch first: the kernel sees one slice's tile) and its grid
+  (batch, i, j) (tiles: powers of two that divide the dims)."""
+  if layout == ROWS:
+    batch, rows, blocks, _ = shape
+    t = (_pow2_tile(rows, _MAX_ROWS), _pow2_tile(blocks, _MAX_BLOCKS), _BLOCK)
+    return t, (batch, rows // t[0], blocks // t[1]), lambda e, i, j: (e, i, j, 0)
+  batch, groups, _, cols = shape  # the RHT's (1, 16, 16, cols) products bound the columns of a tile
+  t = (1, _BLOCK, _pow2_tile(cols, _MAX_RHT_COLS))
+  return t, (batch, groups, cols // t[2]), lambda e, i, j: (e, i, 0, j)
+
+
+def _per_slice(a):
+  """The BlockSpec of a (batch, n) operand (amax, SR words): the kernel sees its slice's row (n,)."""
+  return pl.BlockSpec((None, a.shape[1]), lambda e, i, j: (e, 0))
+
+
+# jit: a kernel traced once per distinct call (shapes and parameters), not at every call site (~0.3 s each).
+@functools.partial(jax.jit, static_argnames=("layout", "dtype", "safe", "interpret", "n_total", "threefry",
+                                             "folds"))
+def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpret: bool, n_total: int,
+                 threefry: bool | None, folds: int):
+  """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
+  SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
+  of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns) from
+  :func:`rht_amax_call`, None for ROWS; ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
+  tile, grid, index = _tiles(layout, x3.shape)
+  per_slice = [a for a in (amax, keys) if a is not None]
+  in_specs = [_per_slice(a) for a in per_slice]
+  if bmax is not None:
+    in_specs.append(pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)))
+  operands = per_slice + [a for a in (bmax, x3) if a is not None]
+  return pl.pallas_call(
+      functools.partial(_values_kernel, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
+                        folds=folds, sr=keys is not None),
+      out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
+      grid=grid,
+      in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
+      out_specs=pl.BlockSpec((None,) + tile, index),
+      interpret=interpret,
+      name=f"nvfp4_values_{layout}" + ("" if keys is None else "_sr"),
+  )(*operands)
+
+
+@functools.partial(jax.jit, static_argnames=("safe", "interpret"))
+def rht_amax_call(x3, *, safe: bool, interpret: bool):
+  """Per (group, column) tile maxima of |RHT(x)| as int32 bits: (batch, groups, cols)."""
+  tile, grid, index = _tiles(COLS_RHT, x3.shape)
+  return pl.pallas_call(
+      functools.partial(_rht_amax_kernel, safe=safe),
+      out_shape=jax.ShapeDtypeStruct((x3.shape[0], x3.shape[1], x3.shape[3]), jnp.int32),
+      grid=grid,
+      in_specs=[pl.BlockSpec((None,) + tile, index)],
+      out_specs=pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)),
+      interpret=interpret,
+      name="nvfp4_rht_amax",
+  )(x3)
+
+
+@functools.partial(jax.jit, static_argnames=("safe", "interpret"))
+def codes_call(amax, bmax, x4, *, safe: bool, interpret: bool):
+  """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
+  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``bmax``: the block maxima (batch, groups, pairs, 2)
+  from :func:`rht_amax_call`."""
+  e, g, _, pairs, _ = x4.shape
+  tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
+  index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
+  return pl.pallas_call(
+      functools.partial(_codes_kernel, safe=safe),
+      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
+                 jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
+      grid=(e, g, pairs // tp),
+      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0)),
+                pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
+                 pl.BlockSpec((None, 1, 1, tp, 2), index)),
+      interpret=interpret,
+      name="nvfp4_codes_cols_rht",
+  )(amax, bmax, x4)
+
+
+@functools.partial(jax.jit, static_argnames=("safe", "interpret"))
+def tiles_call(amax, x6, *, safe: bool, interpret: bool):
+  """(packed codes (batch, K/16, 16, N/16, 8) uint8, scale bytes (batch, K/16, 1, N/16, 1, 1) uint8) of W viewed
+  as x6 (batch, K/16, 16, N/16, 8, 2); ``amax`` (batch, 1)."""
+  e, g, _, nt, _, _ = x6.shape
+  tt = _pow2_tile(nt, _MAX_TILES)
+  index = lambda b, i, j: (b, i, 0, j, 0, 0)  # noqa: E731
+  return pl.pallas_call(
+      functools.partial(_tiles_kernel, safe=safe),
+      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, nt, 8), jnp.uint8),
+                 jax.ShapeDtypeStruct((e, g, 1, nt, 1, 1), jnp.uint8)),
+      grid=(e, g, nt // tt),
+      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, _BLOCK, tt, 8, 2), index)],
+      out_specs=(pl.BlockSpec((None, 1, _BLOCK, tt, 8), lambda b, i, j: (b, i, 0, j, 0)),
+                 pl.BlockSpec((None, 1, 1, tt, 1, 1), index)),
+      interpret=interpret,
+      name="nvfp4_codes_tiles_2d",
+  )(amax, x6)

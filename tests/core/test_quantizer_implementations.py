@@ -1,0 +1,259 @@
+"""The shared bitwise suite every implementation of the quantizer runs, and the dispatch between them.
+
+Every implementation (``implementation=`` of ``core/quantizer/api.py``) against TE's golden vectors and the
+independent numpy reference (``nvfp4_reference.py``), bit for bit: round to nearest on every input kind,
+stochastic rounding given the same random bytes, fp32 operands. "triton" runs the Pallas kernels; on this CPU
+the api takes them through Pallas's interpreter with the flush-to-zero-safe forms (on XLA:GPU the plain forms,
+pinned to these by ``test_nvfp4_gpu_paths.py``). A call an implementation does not compute must refuse when
+forced: :data:`COMPUTES` says which calls each computes, so a lost (or a new) kernel fails here.
+
+The dispatch: the forced path is the one that runs, the environment variable for a whole run, the argument
+over the variable, the one-line errors, and the one log line per run and reason when a call leaves the kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from maxtext_nvfp4.core import nvfp4 as nv
+from maxtext_nvfp4.core.quantizer import api, random_bits
+from nvfp4_reference import (  # the independent oracle and its inputs (tests/core/nvfp4_reference.py)
+    KINDS, MODE_KW, MODES, assert_bits_equal, golden_case_names, golden_mode, input_for, load_golden, make_input,
+    quantize_ref, rht_ref, values_ref)
+
+IMPLEMENTATIONS = nv.IMPLEMENTATIONS
+# The calls each implementation computes, per mode: quantize (TE's byte layout) and quantize_values.
+COMPUTES = {
+    "xla": {"quantize": set(MODES), "values": set(MODES)},
+    "triton": {"quantize": {"2d", "rht_col"}, "values": {"row", "rht_col"}},
+}
+
+
+def test_implementations_are_the_ones_the_suite_covers():
+  assert set(IMPLEMENTATIONS) == set(COMPUTES)
+
+
+def _run(impl, what, mode, fn):
+  """``fn()`` when ``impl`` computes this call; else checks that the forced call refuses, and returns None."""
+  if mode in COMPUTES[impl][what]:
+    return fn()
+  with pytest.raises(nv.ImplementationUnavailableError, match=f"implementation='{impl}' cannot quantize") as e:
+    fn()
+  assert "\n" not in str(e.value)
+  return None
+
+
+def _check(impl, xb, mode, q, s8, amax, what, key=None):
+  """quantize and quantize_values of the array ``xb`` under ``impl`` against (q, s8, amax) (the values: q * s8)."""
+  t = _run(impl, "quantize", mode,
+           lambda: nv.quantize(xb, **MODE_KW[mode], stochastic_key=key, implementation=impl))
+  if t is not None:
+    d = nv.as_numpy(t)
+    assert_bits_equal(d["data"], q, f"{what} q")
+    assert_bits_equal(d["scale"], s8, f"{what} scale")
+    assert_bits_equal(np.float32(d["amax"]).reshape(1), np.float32(amax).reshape(1), f"{what} amax")
+  values = _run(impl, "values", mode,
+                lambda: nv.quantize_values(xb, **MODE_KW[mode], stochastic_key=key, implementation=impl))
+  if values is not None:
+    v, got_amax = values
+    assert_bits_equal(np.asarray(v, np.float32), values_ref(q, s8, mode), f"{what} values")
+    assert_bits_equal(np.float32(got_amax).reshape(1), np.float32(amax).reshape(1), f"{what} values' amax")
+  return t
+
+
+# ================================================================================================
+# TE's golden vectors
+# ================================================================================================
+@pytest.fixture(scope="module")
+def golden():
+  return load_golden()
+
+
+def test_golden_file_present(golden):
+  z, idx = golden
+  assert json.loads(str(z["__index_json__"]))["te_commit"].startswith("d0067d0")
+  assert len(idx) == 22 and all(f"{n}_q" in z for n in idx)
+  assert {golden_mode(c) for c in idx.values()} == set(MODES)
+
+
+@pytest.mark.parametrize("name", golden_case_names() or ["<golden file missing>"])
+def test_reference_reproduces_the_golden_vectors(golden, name):
+  """The independent reference reproduces TE's golden vectors (validates the oracle itself), and so does the
+  RHT alone (the reference's and the quantizer's)."""
+  z, idx = golden
+  c = idx[name]
+  q, s8, _ = quantize_ref(z[name + "_x"], golden_mode(c))
+  assert_bits_equal(q, z[name + "_q"], f"{name} reference q")
+  assert_bits_equal(s8, z[name + "_scale"], f"{name} reference scale")
+  if c["rht"]:
+    assert_bits_equal(rht_ref(z[name + "_x"], 0), z[name + "_xrht"], f"{name} reference rht")
+    x = jnp.asarray(z[name + "_x"]).astype(jnp.bfloat16)
+    assert_bits_equal(nv.rht(x, axis=0), z[name + "_xrht"], f"{name} rht vs _xrht")
+
+
+@pytest.mark.parametrize("name", golden_case_names() or ["<golden file missing>"])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_golden_vectors(golden, impl, name):
+  z, idx = golden
+  mode = golden_mode(idx[name])
+  x = jnp.asarray(z[name + "_x"]).astype(jnp.bfloat16)
+  t = _check(impl, x, mode, z[name + "_q"], z[name + "_scale"], z[name + "_amax"], f"{impl} {name}")
+  if t is not None:
+    assert_bits_equal(nv.dequantize(t), z[name + "_deq_jaxte"], f"{impl} {name} dequantize vs _deq_jaxte")
+
+
+# ================================================================================================
+# The independent reference
+# ================================================================================================
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_reference_on_every_input_kind(impl, kind, mode):
+  x = input_for(kind, mode)
+  _check(impl, jnp.asarray(x, jnp.bfloat16), mode, *quantize_ref(x, mode), f"{impl} {kind}/{mode}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_reference_stochastic_rounding(impl, mode):
+  """SR given the same random bytes (``random_bits``: the reference takes them as its fractions): every input
+  kind side by side. quantize's codes kernels round to nearest: forced "triton", SR in quantize refuses."""
+  kinds = ("normal", "wide_tile", "zero_blocks", "tiny_clamped", "subnormal", "huge", "ties")
+  x = np.concatenate([input_for(k, mode) for k in kinds], 0)
+  key = jax.random.key(5)
+  u = np.asarray(random_bits.random_bytes(key, x.shape)).astype(np.float64) / 256
+  q, s8, amax = quantize_ref(x, mode, u=u)
+  assert not np.array_equal(q, quantize_ref(x, mode)[0])  # SR moved some elements off the RNE result
+  xb = jnp.asarray(x, jnp.bfloat16)
+  if impl == "triton":
+    with pytest.raises(nv.ImplementationUnavailableError, match="stochastic rounding"):
+      nv.quantize(xb, **MODE_KW[mode], stochastic_key=key, implementation=impl)
+    values = _run(impl, "values", mode, lambda: nv.quantize_values(xb, **MODE_KW[mode], stochastic_key=key,
+                                                                   implementation=impl))
+    if values is not None:
+      assert_bits_equal(np.asarray(values[0], np.float32), values_ref(q, s8, mode), f"{impl} {mode} SR values")
+      assert_bits_equal(np.float32(values[1]).reshape(1), np.float32(amax).reshape(1), f"{impl} {mode} SR amax")
+    return
+  _check(impl, xb, mode, q, s8, amax, f"{impl} {mode} SR", key=key)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_reference_on_fp32_operands(impl, mode):
+  """fp32 operands used as given (values off the bf16 grid): rows from 1e-20 to 1e20; for the RHT, 11-bit
+  integers at a power-of-two scale per group (their 16-term sums are exact: the sum order does not matter)."""
+  rng = np.random.default_rng(17)
+  if mode == "rht_col":
+    scale = np.exp2(rng.integers(-40, 40, (4, 1, 128))).astype(np.float32)
+    x = (rng.integers(-1024, 1025, (4, 16, 128)) * scale).astype(np.float32).reshape(64, 128)
+  else:
+    x = (rng.standard_normal((64, 128)) * 10.0 ** rng.integers(-20, 20, (64, 1))).astype(np.float32)
+  assert not np.array_equal(x, np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32))
+  _check(impl, jnp.asarray(x), mode, *quantize_ref(x, mode), f"{impl} fp32/{mode}")
+
+
+# ================================================================================================
+# The dispatch
+# ================================================================================================
+_X = jnp.asarray(make_input("normal", (32, 64), 3), jnp.bfloat16)
+
+
+def _cpu_program(fn):
+  return jax.jit(fn).lower(_X).as_text()
+
+
+def test_the_forced_implementation_is_the_one_that_runs():
+  """On this CPU: "triton" lowers the interpreted kernels (a loop over the grid), "xla" and the automatic
+  choice the XLA form (no loop, no kernel); the jaxpr of "xla" holds no kernel at all, the automatic one holds
+  the kernels for XLA:GPU."""
+  programs = {impl: _cpu_program(lambda x, impl=impl: nv.quantize_values(x, implementation=impl))
+              for impl in (None, "xla", "triton")}
+  assert "stablehlo.while" in programs["triton"]
+  assert "stablehlo.while" not in programs["xla"] and "stablehlo.while" not in programs[None]
+  jaxprs = {impl: str(jax.make_jaxpr(lambda x, impl=impl: nv.quantize_values(x, implementation=impl))(_X))
+            for impl in (None, "xla")}
+  assert "pallas_call" not in jaxprs["xla"] and "pallas_call" in jaxprs[None]
+
+
+def test_the_environment_variable_chooses_for_a_whole_run_and_the_argument_overrides_it(monkeypatch):
+  monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "triton")
+  assert "stablehlo.while" in _cpu_program(lambda x: nv.quantize_values(x))
+  assert "stablehlo.while" not in _cpu_program(lambda x: nv.quantize_values(x, implementation="xla"))
+  with pytest.raises(nv.ImplementationUnavailableError,
+                     match=f"{nv.IMPLEMENTATION_ENV}=triton cannot quantize this call: quantize in 1x16 blocks "
+                           "without RHT.*; unset it or set it to auto"):
+    nv.quantize(_X)
+  monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "xla")
+  assert "pallas_call" not in str(jax.make_jaxpr(lambda x: nv.quantize_values(x))(_X))
+  monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "auto")
+  assert "pallas_call" in str(jax.make_jaxpr(lambda x: nv.quantize_values(x))(_X))
+  monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "cuda")
+  with pytest.raises(ValueError, match=rf"{nv.IMPLEMENTATION_ENV}='cuda': choose one of \('auto', 'xla', 'triton'\)"):
+    nv.quantize(_X)
+
+
+def test_bad_or_impossible_requests_are_one_line_errors():
+  with pytest.raises(ValueError, match=r"implementation='pallas': choose one of \('xla', 'triton'\), or None"):
+    nv.quantize_values(_X, implementation="pallas")
+  cases = {
+      "a scale rule other than TE's standard one": dict(scale_rule=nv.ScaleRule(row_scaled=True)),
+      "1x16 blocks along an axis other than the last without RHT": dict(axis=0),
+      "a float16 operand": dict(dtype=jnp.float16),
+  }
+  for reason, kw in cases.items():
+    x = _X.astype(kw.pop("dtype", jnp.bfloat16))
+    with pytest.raises(nv.ImplementationUnavailableError) as e:
+      nv.quantize_values(x, implementation="triton", **kw)
+    assert reason in str(e.value) and "\n" not in str(e.value), str(e.value)
+  x4 = _X.reshape(2, 2, 8, 64)
+  with pytest.raises(nv.ImplementationUnavailableError, match="a second vmap"):
+    jax.vmap(jax.vmap(lambda a: nv.quantize_values(a, implementation="triton")))(x4)
+  got = jax.vmap(lambda a: nv.quantize_values(a, implementation="triton"))(x4[0])  # one vmap: the batched kernel
+  want = jax.vmap(lambda a: nv.quantize_values(a, implementation="xla"))(x4[0])
+  assert_bits_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), "one vmap, triton vs xla")
+
+
+@pytest.fixture
+def fallback_log(monkeypatch, caplog):
+  """The log lines of calls that leave the kernels, with the once-per-run memory emptied for this test."""
+  monkeypatch.setattr(api, "_logged", set())
+  monkeypatch.delenv(nv.IMPLEMENTATION_ENV, raising=False)
+  caplog.set_level(logging.INFO, logger="maxtext_nvfp4")
+  return lambda: [r.getMessage() for r in caplog.records if r.name == "maxtext_nvfp4"]
+
+
+# The line comes from the call's trace: the log tests use shapes no other test traces (a cached program logs
+# nothing).
+_Y = jnp.asarray(make_input("normal", (48, 336), 4), jnp.bfloat16)
+
+
+def test_a_call_that_leaves_the_kernels_logs_one_line_per_run_and_reason(fallback_log):
+  nv.quantize_values(_Y)
+  nv.quantize_values(_Y * 2)
+  jax.jit(lambda x: nv.quantize_values(x, axis=0, rht=True))(_Y)  # another call with a kernel, the same reason
+  lines = fallback_log()
+  assert len(lines) == 1, lines
+  assert "the XLA form, not the Pallas Triton kernels, for every call: the default device is cpu" in lines[0]
+  nv.quantize(_Y, scale_rule=nv.ScaleRule(selection="4over6"))
+  nv.quantize(_Y, block_2d=True, scale_rule=nv.ScaleRule(selection="4over6"))
+  nv.quantize_values(_Y, implementation="xla", scale_rule=nv.ScaleRule(selection="4over6"))  # forced: no line
+  lines = fallback_log()
+  assert len(lines) == 2 and "a scale rule other than TE's standard one" in lines[1], lines
+
+
+def test_on_a_gpu_a_second_vmap_logs_its_line(fallback_log, monkeypatch):
+  """With a GPU as the default device (the platform the line reports), the kernels' vmap rule says why a
+  second vmap takes the XLA form; one vmap takes the batched kernel, silently."""
+  monkeypatch.setattr(api, "_default_platform", lambda: "gpu")
+  x4 = _Y.reshape(2, 2, 12, 336)
+  jax.make_jaxpr(jax.vmap(lambda a: nv.quantize_values(a)))(x4[0])
+  assert fallback_log() == []
+  jax.make_jaxpr(jax.vmap(jax.vmap(lambda a: nv.quantize_values(a))))(x4)
+  lines = fallback_log()
+  assert len(lines) == 1 and "a second vmap" in lines[0] and nv.IMPLEMENTATION_ENV in lines[0], lines
