@@ -111,7 +111,8 @@ def main(argv=None) -> int:
       lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
       err = [l for l in lines if "Error" in l.split(":", 1)[0] or l.startswith("E ")][-1:] or lines[-1:] or [
           f"exit {proc.returncode}"]
-      row = dict(recipe=recipe, topology=args.topology, error=err[0][:300])
+      killed = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+      row = dict(recipe=recipe, topology=args.topology, error=f"{killed}: {err[0][:300]}")
     rows.append(row)
     print(json.dumps(row), flush=True)
     if args.json:
