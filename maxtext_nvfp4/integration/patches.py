@@ -28,6 +28,12 @@ first imported or at registration if it already is:
     eval records (every eval's first running-eval snapshot, the eval after train step 0), deleting the
     training records written so far. Now a logger truncates once, at its first record if that has step
     0 and the run starts at step 0 (a fresh run); every other record is appended.
+* ``maxtext.trainers.post_train.distillation.train_distill.MaxTextDistillationTrainer`` (``_train_step`` /
+  ``_eval_step``): wrapped to publish the student's step, as ``train_step`` above
+  (:func:`maxtext_nvfp4.integration.posttrain.patch_distill`).
+* ``maxtext.layers.attentions.Attention.__call__`` / ``maxtext.layers.linears.MlpBlock.__call__``: under
+  ``nvfp4_qat=serving`` they publish their projections' kernels as stored, the fp32 weights the export
+  quantizes (:mod:`maxtext_nvfp4.integration.serving_layout`); otherwise MaxText's own call.
 * ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
   ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
   precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
@@ -39,6 +45,8 @@ from maxtext_nvfp4.integration import config_checks
 from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
 from maxtext_nvfp4.integration import log_filter
+from maxtext_nvfp4.integration import posttrain
+from maxtext_nvfp4.integration import serving_layout
 from maxtext_nvfp4.integration import sparse_moe
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
@@ -148,4 +156,7 @@ PATCHES = {
     "metric_logger": patch_metric_logger,
     "moe": sparse_moe.patch_moe,
     "megablox": sparse_moe.patch_megablox,
+    "distill": posttrain.patch_distill,
+    "serving_attention": serving_layout.patch_attention,
+    "serving_mlp": serving_layout.patch_mlp,
 }

@@ -14,6 +14,9 @@ import sys
 # subcommand -> (module exposing ``cli_main(argv: list[str]) -> int``, one-line help)
 COMMANDS = {
     "train": ("maxtext_nvfp4.tools.train", "run MaxText pre-training with the NVFP4 plugin registered"),
+    "sft": ("maxtext_nvfp4.sft", "run MaxText's SFT (fine-tuning, NVFP4 QAT) from a checkpoint with the plugin"),
+    "distill": ("maxtext_nvfp4.distill", "run MaxText's distillation (NVFP4 student, QAD) with the plugin"),
+    "prepare-sft-data": ("maxtext_nvfp4.tools.sft_data", "build the fine-tuning demo's prompt/completion data"),
     "recipes": ("maxtext_nvfp4.tools.cli", "list the packaged recipes with a one-line description each"),
     "doctor": ("maxtext_nvfp4.tools.doctor", "report JAX/devices/TE/MaxText/patch state and the backend auto picks"),
     "verify-hardware": ("maxtext_nvfp4.tools.verify_hardware", "compare TE's NVFP4 kernels with the emulation (Blackwell)"),

@@ -32,6 +32,8 @@ _METRIC_LOGGER = "maxtext.common.metric_logger"
 _MOE = "maxtext.layers.moe"
 _MEGABLOX = "maxtext.kernels.megablox"
 _PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
+_SFT = "maxtext.trainers.post_train.sft.train_sft_native"
+_DISTILL = "maxtext.trainers.post_train.distillation.train_distill"
 
 # llama2 and mistral blocks have the same parameters; MaxText has no mistral mapping of its own. Its Llama 3.1
 # hooks permute q/k rows from interleaved RoPE pairs to HF halves (adjust_rope): right for LLaMARotaryEmbedding
@@ -80,6 +82,19 @@ TOUCHES: tuple[Touch, ...] = (
           use="wrapped to publish the traced step (step.with_step)"),
     Touch(module=_TRAIN, symbol="main",
           use="run by python -m maxtext_nvfp4.train (plugin.run_pretrain)"),
+    Touch(module="maxtext.layers.attentions", symbol="Attention.__call__",
+          use="wrapped: under nvfp4_qat=serving, publishes its query/key/value/out kernels as stored (serving_layout)"),
+    Touch(module="maxtext.layers.linears", symbol="MlpBlock.__call__",
+          use="wrapped: under nvfp4_qat=serving, publishes its wi_0/wi_1/wo kernels as stored (serving_layout)"),
+    Touch(module=_SFT, symbol="main",
+          use="run by python -m maxtext_nvfp4.sft (posttrain.run): MaxText's pre-training loop with use_sft=True, whose"
+              " train_step/eval_step are the wrapped ones above"),
+    Touch(module=_DISTILL, symbol="main",
+          use="run by python -m maxtext_nvfp4.distill (posttrain.run)"),
+    Touch(module=_DISTILL, symbol="MaxTextDistillationTrainer._train_step",
+          use="wrapped to publish the student's step (ModelBundle.training_step) as a training step (posttrain)"),
+    Touch(module=_DISTILL, symbol="MaxTextDistillationTrainer._eval_step",
+          use="wrapped to publish the student's step to the eval forward (posttrain)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics",
           use="wrapped: merges nvfp4/* diagnostics into train records (patches.patch_metric_logger)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics_locally",
@@ -139,8 +154,10 @@ ADAPTER = MaxTextVersion(
     version="0.2.5",
     touches=TOUCHES,
     patched_modules={_TYPES: "types", _PYCONFIG: "pyconfig", _QUANTIZATIONS: "quantizations", _TRAIN: "train",
-                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox"},
+                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox", _DISTILL: "distill",
+                     "maxtext.layers.attentions": "serving_attention", "maxtext.layers.linears": "serving_mlp"},
     train_module=_TRAIN,
+    posttrain_modules={"sft": _SFT, "distill": _DISTILL},
     kernel_signatures={
         ("embed_attn", "q_heads", "kv"): ("query",),
         ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
