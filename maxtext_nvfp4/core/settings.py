@@ -222,6 +222,12 @@ def qat_refusal(s: Nvfp4Settings) -> str | None:
   """
   if s.qat == "full":
     return None
+  if s.backend == "te":  # decided from the keys alone: before any device check
+    what = ("the export's W4A4 forward (1x16 weight blocks, per-token activation scales); TE's kernels compute the"
+            " training recipe's" if s.qat == "serving" else
+            "a high-precision backward (TE PyTorch's backward_override=high_precision), which TE JAX does not implement")
+    return (f"nvfp4_backend=te cannot run nvfp4_qat={s.qat}: {what}; set nvfp4_backend=auto (on Blackwell it runs"
+            f" the mode emulated and says so) or emulate, or nvfp4_qat=full")
   if s.backward_override == "dequantized":
     return (f"nvfp4_qat={s.qat} computes dgrad/wgrad in high precision on the original operands (as"
             " nvfp4_backward_override=high_precision); nvfp4_backward_override=dequantized contradicts it: set"

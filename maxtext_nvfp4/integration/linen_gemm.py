@@ -96,14 +96,14 @@ def _served(m, lhs, rhs, dimension_numbers, preferred_element_type, use_switched
   roles, member = m.serving
   published = serving_layout.masters() or {}
   group = tuple(published[r] for r in roles) if all(r in published for r in roles) else None
-  if group is None and not m.is_initializing():
-    from maxtext_nvfp4.integration.log_once import log_once  # pylint: disable=import-outside-toplevel
+  if traced.step_lib.current_step() is not None:  # inside a train/eval step (not the build's dummy call)
+    serving_layout.SERVED.add((m.layer, m.role, group is not None))
+    if group is None:
+      from maxtext_nvfp4.integration.log_once import log_once  # pylint: disable=import-outside-toplevel
 
-    log_once(f"maxtext-nvfp4: nvfp4_qat=serving: the {m.role} projection ran outside an Attention/MlpBlock that"
-             " publishes its fp32 kernels; its serving forward quantizes the kernel as handed (compute dtype) alone",
-             warn=True)
-  if group is not None and member.index >= len(group):
-    group = None
+      log_once(f"maxtext-nvfp4: nvfp4_qat=serving: the {m.role} projection ran outside an Attention/MlpBlock that"
+               " publishes its fp32 kernels; its serving forward quantizes the kernel as handed (compute dtype) alone",
+               warn=True)
 
   def serve():
     return serving_gemm.dot_general(lhs, rhs, dimension_numbers, group=group,

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from maxtext_nvfp4.integration import touchpoints
+from maxtext_nvfp4.integration import traced
 
 # the roles the serving forward covers, and the fused groups the export (and vLLM) give one global scale
 ROLES = ("query", "key", "value", "out", "wi_0", "wi_1", "wo")
@@ -28,6 +29,9 @@ GROUPS = (("query", "key", "value"), ("out",), ("wi_0", "wi_1"), ("wo",))
 _ATTENTION_CHILDREN = ("query", "key", "value", "out")
 _MLP_CHILDREN = ("wi_0", "wi_1", "wo")
 
+# (layer, role, whether its fused group's stored kernels were published) of each serving-mode GEMM traced inside
+# a train/eval step (trace time only; tests read it)
+SERVED = traced.TraceCounter()
 # role -> the kernel as stored, published while a serving-mode Attention / MlpBlock runs
 _MASTERS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("maxtext_nvfp4_serving_masters", default=None)
 

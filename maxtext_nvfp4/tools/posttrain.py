@@ -118,13 +118,17 @@ def _announce(key: str, given, items: str) -> None:
     print(f"maxtext-nvfp4: {key}: starting from {items}", flush=True)
 
 
+# Why LoRA is refused: MaxText applies it (qwix.apply_lora_to_model) only in its Tunix SFT trainer, which needs a
+# Tunix this environment cannot install (posttrain.TUNIX_API), so LoRA never ran with the plugin's GEMMs.
+LORA_REFUSAL = ("LoRA (lora.enable_lora=true) is applied only by MaxText's Tunix SFT trainer (sft.train_sft: qwix LoRA"
+                " on the model's projections), which needs Tunix -- not installable at a version MaxText 0.2.5 runs"
+                " (google-tunix 0.1.7 on PyPI lacks the API its post-training code calls) -- so LoRA was never run with"
+                " quantization=nvfp4: fine-tune every weight instead (this command, lora.enable_lora=false)")
+
+
 def _lora_error(cfg: dict) -> str | None:
   lora = cfg.get("lora")
-  if isinstance(lora, dict) and lora.get("enable_lora"):
-    from maxtext_nvfp4.integration import lora_refusal  # pylint: disable=import-outside-toplevel
-
-    return lora_refusal.REASON
-  return None
+  return LORA_REFUSAL if isinstance(lora, dict) and lora.get("enable_lora") else None
 
 
 def prepare_sft(args: list[str], cfg: dict) -> tuple[list[str], dict]:
@@ -157,13 +161,8 @@ def _resolved(recipe_path: str) -> dict:
 
 def prepare_distill(args: list[str], cfg: dict) -> tuple[list[str], dict]:
   """The distill command's own checks and rewrites (module docstring)."""
-  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
 
-  try:
-    posttrain.check_importable("distill")
-  except posttrain.PosttrainUnavailable as e:
-    raise _error(str(e)) from None
   lora = _lora_error(cfg)
   if lora:
     raise _error(lora)
@@ -176,7 +175,7 @@ def prepare_distill(args: list[str], cfg: dict) -> tuple[list[str], dict]:
   args = _set(args, "load_parameters_path", s_items)
   cfg = {**cfg, "load_parameters_path": s_items}
   if cfg.get("offline_data_dir"):
-    return args, cfg
+    return _runnable(args, cfg)
   # MaxText builds the teacher from the recipe file alone (no command-line key) plus teacher_overrides
   recipe_path = args[0] if args and "=" not in args[0] else None
   teacher = {**(_resolved(recipe_path) if recipe_path else {}), **teacher_over}
@@ -197,7 +196,19 @@ def prepare_distill(args: list[str], cfg: dict) -> tuple[list[str], dict]:
   check_shapes(t_items, teacher, "the teacher's")
   _announce("teacher_overrides.load_parameters_path", teacher.get("load_parameters_path"), t_items)
   args = _set(args, "teacher_overrides.load_parameters_path", t_items)
-  return args, {**cfg, "teacher_overrides": {**teacher_over, "load_parameters_path": t_items}}
+  return _runnable(args, {**cfg, "teacher_overrides": {**teacher_over, "load_parameters_path": t_items}})
+
+
+def _runnable(args, cfg):
+  """``(args, cfg)`` once the environment can run MaxText's distillation trainer (checked last: a config error is
+  worth knowing before installing anything)."""
+  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
+
+  try:
+    posttrain.check_importable("distill")
+  except posttrain.PosttrainUnavailable as e:
+    raise _error(str(e)) from None
+  return args, cfg
 
 
 def with_machine_keys_for_teacher(argv: list[str]) -> list[str]:

@@ -114,6 +114,8 @@ def test_precision_table_names_each_mode():
     (dict(qat="serving", four_over_six="weights"), "nvfp4_4over6=weights"),
     (dict(qat="serving", row_scaled_activation=True), "nvfp4_row_scaled_activation=true"),
     (dict(qat="train"), "nvfp4_qat='train'"),
+    (dict(qat="serving", backend="te"), "nvfp4_backend=te cannot run nvfp4_qat=serving"),
+    (dict(qat="forward", backend="te"), "nvfp4_backend=te cannot run nvfp4_qat=forward"),
 ])
 def test_contradicting_keys_are_one_line(change, key):
   with pytest.raises(settings_lib.SettingsError) as e:
