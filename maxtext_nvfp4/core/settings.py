@@ -26,8 +26,9 @@ SWITCH_SCOPES = ("forward", "all")
 AMAX_SCOPES = ("te", "global")
 # What an NVFP4 GEMM computes when fine-tuning for NVFP4 serving (quantization-aware training, nvfp4_qat):
 #   full     TE's training recipe in all three passes (what pre-training uses)
-#   forward  the recipe's forward; dgrad/wgrad in high precision on the original operands (straight-through):
-#            the same GEMMs as nvfp4_backward_override=high_precision (TE's backward_override), named for QAT
+#   forward  the recipe's forward; dgrad/wgrad in bf16 on the original operands (straight-through): the same GEMMs
+#            as nvfp4_backward_override=high_precision (TE's backward_override), named for QAT; with
+#            nvfp4_backward_override=dequantized, that backward instead
 #   serving  the forward the export serves (core/serving_gemm.py: W4A4 with 1x16 weight blocks and fused-group
 #            global scales as exported, per-token activation scales), high-precision backward as `forward`
 QAT_MODES = ("full", "forward", "serving")
@@ -68,9 +69,12 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
 
   def gemm_options(self) -> recipe_options.RecipeOptions:
     """The recipe options an NVFP4 GEMM runs with: the ``nvfp4_*`` options, with ``backward_override =
-    high_precision`` under ``nvfp4_qat=forward|serving`` (their straight-through high-precision backward)."""
+    high_precision`` under ``nvfp4_qat=forward|serving`` unless ``nvfp4_backward_override`` names a backward
+    (``forward`` + ``dequantized``: the bf16 backward on the forward's dequantized operands)."""
     o = recipe_options.options_of(self)
-    return o if self.qat == "full" else dataclasses.replace(o, backward_override="high_precision")
+    if self.qat == "full" or o.backward_override != "none":  # forward keeps an explicit override (dequantized)
+      return o
+    return dataclasses.replace(o, backward_override="high_precision")
 
   def backward_precision(self, planned: str) -> str:
     """A backward pass's precision as computed (``gemm_options``' override: see RecipeOptions)."""
@@ -215,8 +219,8 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
 def qat_refusal(s: Nvfp4Settings) -> str | None:
   """One line when ``nvfp4_qat`` contradicts another key (key, value, fix), else None.
 
-  ``forward``/``serving`` compute dgrad/wgrad in high precision: ``nvfp4_backward_override=dequantized`` says
-  otherwise. ``serving`` computes the forward exactly as the export serves it, so the options that change the
+  ``serving`` computes dgrad/wgrad in bf16 on the original operands: ``nvfp4_backward_override=dequantized`` says
+  otherwise (``forward`` takes it: the bf16 backward on its forward's dequantized operands). ``serving`` computes the forward exactly as the export serves it, so the options that change the
   training recipe's forward quantizers (4over6, row-scaled activations) cannot apply; the others (RHT, stochastic
   rounding, 16x16 weight tiles) belong to the NVFP4 backward and the training forward, which it does not run.
   """
@@ -228,10 +232,10 @@ def qat_refusal(s: Nvfp4Settings) -> str | None:
             "a high-precision backward (TE PyTorch's backward_override=high_precision), which TE JAX does not implement")
     return (f"nvfp4_backend=te cannot run nvfp4_qat={s.qat}: {what}; set nvfp4_backend=auto (on Blackwell it runs"
             f" the mode emulated and says so) or emulate, or nvfp4_qat=full")
-  if s.backward_override == "dequantized":
-    return (f"nvfp4_qat={s.qat} computes dgrad/wgrad in high precision on the original operands (as"
-            " nvfp4_backward_override=high_precision); nvfp4_backward_override=dequantized contradicts it: set"
-            " nvfp4_backward_override=none (or high_precision), or nvfp4_qat=full")
+  if s.qat == "serving" and s.backward_override == "dequantized":
+    return ("nvfp4_qat=serving computes dgrad/wgrad in bf16 on the original operands (straight-through);"
+            " nvfp4_backward_override=dequantized (on the training recipe's dequantized operands) does not apply to its"
+            " forward: set nvfp4_backward_override=none, or nvfp4_qat=forward")
   if s.qat == "serving":
     for key, value, off in (("nvfp4_4over6", s.four_over_six, "none"),
                             ("nvfp4_row_scaled_activation", s.row_scaled_activation, False)):

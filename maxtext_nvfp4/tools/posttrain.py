@@ -118,12 +118,11 @@ def _announce(key: str, given, items: str) -> None:
     print(f"maxtext-nvfp4: {key}: starting from {items}", flush=True)
 
 
-# Why LoRA is refused: MaxText applies it (qwix.apply_lora_to_model) only in its Tunix SFT trainer, which needs a
-# Tunix this environment cannot install (posttrain.TUNIX_API), so LoRA never ran with the plugin's GEMMs.
+# Why LoRA is refused: MaxText applies it (qwix.apply_lora_to_model) only in its Tunix SFT trainer (sft.train_sft),
+# which these commands do not run: LoRA never ran with the plugin's GEMMs.
 LORA_REFUSAL = ("LoRA (lora.enable_lora=true) is applied only by MaxText's Tunix SFT trainer (sft.train_sft: qwix LoRA"
-                " on the model's projections), which needs Tunix -- not installable at a version MaxText 0.2.5 runs"
-                " (google-tunix 0.1.7 on PyPI lacks the API its post-training code calls) -- so LoRA was never run with"
-                " quantization=nvfp4: fine-tune every weight instead (this command, lora.enable_lora=false)")
+                " on the model's projections), which maxtext-nvfp4 sft does not run (it runs sft.train_sft_native):"
+                " LoRA was never run with quantization=nvfp4; fine-tune every weight instead (lora.enable_lora=false)")
 
 
 def _lora_error(cfg: dict) -> str | None:

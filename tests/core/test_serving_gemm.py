@@ -96,6 +96,10 @@ def test_forward_mode_is_backward_override_high_precision():
   for role in ("query", "wo"):
     assert plan.gemm_recipes(qat, layer=1, role=role, num_layers=3) == plan.gemm_recipes(
         override, layer=1, role=role, num_layers=3)
+  # an explicit override is kept: forward + dequantized is the bf16 backward on the forward's dequantized operands
+  deq = settings_lib.Nvfp4Settings(qat="forward", backward_override="dequantized")
+  settings_lib.validate(deq)
+  assert plan.gemm_recipes(deq, layer=1, role="wo", num_layers=3)[0].precision("dgrad") == "dequantized"
   full = plan.gemm_recipes(settings_lib.Nvfp4Settings(), layer=1, role="wo", num_layers=3)[0]
   assert full.precision("dgrad") == "nvfp4" and plan.gemm_recipes(qat, layer=1, role="wo", num_layers=3)[0].precision(
       "dgrad") == "bf16"
@@ -110,7 +114,7 @@ def test_precision_table_names_each_mode():
 
 
 @pytest.mark.parametrize("change,key", [
-    (dict(qat="forward", backward_override="dequantized"), "nvfp4_backward_override=dequantized"),
+    (dict(qat="serving", backward_override="dequantized"), "nvfp4_backward_override=dequantized"),
     (dict(qat="serving", four_over_six="weights"), "nvfp4_4over6=weights"),
     (dict(qat="serving", row_scaled_activation=True), "nvfp4_row_scaled_activation=true"),
     (dict(qat="train"), "nvfp4_qat='train'"),

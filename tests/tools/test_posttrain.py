@@ -169,3 +169,32 @@ def test_a_qat_mode_te_cannot_run_and_lora(tiny, capsys):
   _one_line_exit_2(posttrain.sft_main, [*_args(tiny, run_name="x", load_parameters_path=tiny["ckpt"], **SFT),
                                         "lora.enable_lora=true", "lora.lora_rank=4"], capsys,
                    "maxtext-nvfp4 sft: error: LoRA", "Tunix")
+
+
+def test_distill_qad_trains_the_nvfp4_student_with_its_step_and_exports(tiny, tmp_path):
+  """QAD through MaxText's distillation trainer (Tunix): an NVFP4 student from the bf16 teacher's checkpoint. The
+  student's GEMMs are traced inside the distillation step with its step published (traced_gemms counts only
+  those), the run stops at `steps` and saves the student, which exports."""
+  pytest.importorskip("tunix")
+  from maxtext_nvfp4.integration import traced  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import posttrain  # pylint: disable=import-outside-toplevel
+
+  keys = dict(a.split("=", 1) for a in _args(tiny, run_name="qad", load_parameters_path=tiny["ckpt"],
+                                              **{**SFT, "nvfp4_qat": "full", "checkpoint_period": 100}))
+  recipe = tmp_path / "qad.yml"  # MaxText gives the teacher the recipe file only: the model lives there
+  recipe.write_text("base_config: base.yml\n" + "".join(
+      f"{k}: {v}\n" for k, v in keys.items() if k not in ("run_name", "load_parameters_path", "quantization",
+                                                            "nvfp4_qat", "metrics_file", "model_name",
+                                                            "override_model_config"))
+                    + f"teacher_overrides:\n  quantization: ''\n  load_parameters_path: {tiny['ckpt']}\n")
+  traced.traced_gemms(reset=True)
+  assert posttrain.distill_main([str(recipe), "run_name=qad", "quantization=nvfp4",
+                                 f"load_parameters_path={tiny['ckpt']}"]) == 0
+  student = traced.traced_gemms()
+  assert {(layer, role) for layer, role, *_ in student} >= {(0, "query"), (1, "wo")}
+  run = os.path.join(tiny["out"], "qad")
+  assert os.listdir(os.path.join(run, "checkpoints")) and os.path.isdir(os.path.join(run, "checkpoints", "2",
+                                                                                       "model_params"))
+  assert export.cli_main([os.path.join(run, "checkpoints"), "--out", os.path.join(run, "hf"), "--calibration-batches",
+                          "1", "--calibrate-on-synthetic", "--no-tokenizer"]) == 0

@@ -95,6 +95,8 @@ TOUCHES: tuple[Touch, ...] = (
           use="wrapped to publish the student's step (ModelBundle.training_step) as a training step (posttrain)"),
     Touch(module=_DISTILL, symbol="MaxTextDistillationTrainer._eval_step",
           use="wrapped to publish the student's step to the eval forward (posttrain)"),
+    Touch(module=_DISTILL, symbol="distillation_utils.MaxTextCheckpointManager",
+          use="given Tunix's newer _save_checkpointables / _checkpointer on google-tunix 0.1.7 (posttrain.bridge_tunix_v0)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics",
           use="wrapped: merges nvfp4/* diagnostics into train records (patches.patch_metric_logger)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics_locally",
