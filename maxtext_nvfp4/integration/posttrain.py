@@ -13,12 +13,12 @@
   ``MaxTextCheckpointManager`` calls a Tunix API newer than google-tunix 0.1.7 (PyPI's): :func:`bridge_tunix_v0`
   provides it from 0.1.7's own checkpoint manager when it is missing.
 
-:func:`run` runs the trainer's own ``main(argv)``; the modules are the adapter's ``posttrain_modules``.
+:func:`maxtext_nvfp4.integration.plugin.run_posttrain` runs the trainer's own ``main(argv)``; the modules are the
+adapter's ``posttrain_modules``.
 """
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 from maxtext_nvfp4.integration import step as step_lib
@@ -129,14 +129,6 @@ def bridge_tunix_v0(manager_cls, trainer_cls) -> bool:
   manager_cls._maxtext_nvfp4_bridged = True  # pylint: disable=protected-access
   trainer_cls.train = touchpoints.wrap_once(trainer_cls.train, _stop_at_max_steps)
   return True
-
-
-def run(trainer: str, argv) -> None:
-  """MaxText's ``<trainer>.main(argv)`` with the plugin registered."""
-  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
-
-  plugin.register()
-  importlib.import_module(trainer_module(trainer)).main(argv)
 
 
 def _bundle_step(model):

@@ -49,8 +49,9 @@ def _usage(command: str) -> str:
   what = ("MaxText's SFT (the pre-training loop with use_sft=True) from a checkpoint" if command == "sft" else
           "MaxText's distillation: a student (the recipe) learns from a frozen teacher (teacher_overrides)")
   return (f"usage: python -m maxtext_nvfp4.{command} [RECIPE] [key=value ...] | --list | --version\n"
-          f"  {what}; RECIPE: a .yml path or a packaged recipe name (--list; sft_demo_nvfp4, distill_demo_nvfp4);"
-          " keys: MaxText's and nvfp4_* (docs/posttrain.md)")
+          f"  {what}; RECIPE: a .yml path or a packaged recipe name (--list; e.g. "
+          f"{'sft_demo_nvfp4' if command == 'sft' else 'distill_demo_nvfp4'}); keys: MaxText's and nvfp4_*"
+          " (nvfp4_qat=full|forward|serving; docs/posttrain.md)")
 
 
 def _error(message: str) -> Exception:
@@ -220,15 +221,15 @@ def with_machine_keys_for_teacher(argv: list[str]) -> list[str]:
 
 
 def _run_sft(argv) -> None:
-  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
 
-  posttrain.run("sft", argv)
+  plugin.run_posttrain("sft", argv)
 
 
 def _run_distill(argv) -> None:
-  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
 
-  posttrain.run("distill", with_machine_keys_for_teacher(list(argv)))
+  plugin.run_posttrain("distill", with_machine_keys_for_teacher(list(argv)))
 
 
 def sft_main(argv: list[str]) -> int:

