@@ -19,4 +19,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --no-compile -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# MaxText's distillation trainer (maxtext-nvfp4 distill) runs on Tunix. google-tunix 0.1.7's own dependency list
+# would downgrade transformers (its safetensors<0.8 pin), so Tunix and what it imports are installed without theirs
+# (docs/posttrain.md); the stamp keeps this a one-time step.
+tunix_stamp="$VENV/.maxtext_nvfp4_tunix"
+tunix_want="google-tunix==0.1.7 google-metrax==0.2.4 clu==0.0.12 perfetto==0.59.1 wrapt==2.5.2"
+if [ "$(cat "$tunix_stamp" 2>/dev/null)" != "$tunix_want" ]; then
+  echo "[setup] installing Tunix for maxtext-nvfp4 distill ($tunix_want, without their dependencies; pandas)"
+  # shellcheck disable=SC2086  # the list is word-split on purpose
+  "$VENV/bin/python" -m pip install -q --no-compile --no-deps $tunix_want \
+    && "$VENV/bin/python" -m pip install -q --no-compile pandas && echo "$tunix_want" > "$tunix_stamp"
+fi
 "$VENV/bin/python" -c 'import maxtext_nvfp4, maxtext, jax; print("[setup] ok: maxtext", maxtext.__version__ if hasattr(maxtext, "__version__") else "0.2.5", "jax", jax.__version__)'

@@ -187,6 +187,13 @@ def te_jax_option_problem(s) -> str | None:
   disable_stochastic_rounding and disable_2d_quantization (``NVFP4ScalingQuantizeConfig``): 4over6, row-scaled
   activations and the backward override exist in TE PyTorch only.
   """
+  qat = str(getattr(s, "qat", "full"))
+  if qat == "serving":
+    return ("nvfp4_qat=serving (the export's W4A4 forward: 1x16 weight blocks, per-token activation scales; TE's"
+            " kernels compute the training recipe's)")
+  if qat == "forward":
+    return ("nvfp4_qat=forward (a high-precision backward, TE PyTorch's backward_override=high_precision, which"
+            " Transformer Engine JAX does not implement)")
   opts = recipe_options.options_of(s).te_pytorch_only()
   if not opts:
     return None

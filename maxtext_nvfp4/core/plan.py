@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Iterable, Mapping
 
-from maxtext_nvfp4.core import recipe_options
 from maxtext_nvfp4.core import settings as settings_lib
 
 # Decoder projection roles, in the order MaxText constructs them inside one layer (Attention, then MLP).
@@ -121,12 +120,13 @@ def gemm_recipes(s: settings_lib.Nvfp4Settings, *, layer: int | None, role: str,
   """``(recipe, switched recipe or None)`` as :class:`maxtext_nvfp4.core.gemm.GemmRecipe` for one GEMM.
 
   The recipe options (RHT, stochastic rounding, 2D weight blocks, 4over6, row-scaled x, backward override)
-  are the settings' own :class:`~maxtext_nvfp4.core.recipe_options.RecipeOptions` fields, copied whole.
+  are the settings' own :class:`~maxtext_nvfp4.core.recipe_options.RecipeOptions` fields, copied whole
+  (``Nvfp4Settings.gemm_options``: with ``nvfp4_qat=forward|serving``, ``backward_override=high_precision``).
   """
   from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel  (JAX; keep plan import pure)
 
   before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
-  options = dataclasses.asdict(recipe_options.options_of(s))
+  options = dataclasses.asdict(s.gemm_options())
 
   def recipe(p: Precisions):
     return gemm.GemmRecipe(fprop=p.fprop, dgrad=p.dgrad, wgrad=p.wgrad, **options)
@@ -158,8 +158,9 @@ def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
   """Every decoder GEMM (layer-major, roles in construction order) with its per-pass precisions.
 
   ``roles``: the roles of every layer, or ``roles(layer)`` when layers differ (MoE and dense layers).
-  The backward passes are shown as computed: ``nvfp4_backward_override`` turns an nvfp4 dgrad/wgrad into
-  ``bf16`` (high_precision) or ``dequantized`` (bf16 GEMM on the dequantized forward operands).
+  The passes are shown as computed: ``nvfp4_backward_override`` (and ``nvfp4_qat=forward|serving``) turns an
+  nvfp4 dgrad/wgrad into ``bf16`` (high_precision) or ``dequantized`` (bf16 GEMM on the dequantized forward
+  operands); ``nvfp4_qat=serving`` shows an nvfp4 fprop as ``serve`` (the export's W4A4 forward).
   """
   roles_of = roles if callable(roles) else (lambda _, r=tuple(roles or decoder_roles()): r)
   layers: list[int | None] = [None] if scan_layers else list(range(num_layers))
@@ -168,9 +169,9 @@ def precision_table(s: settings_lib.Nvfp4Settings, *, num_layers: int,
     for role in roles_of(layer):
       before, after = precisions(s, layer=layer, role=role, num_layers=num_layers)
       after = after or before
-      bwd = s.backward_precision
-      rows.append(PrecisionRow(layer=layer, role=role, fprop=before.fprop, dgrad=bwd(before.dgrad),
-                               wgrad=bwd(before.wgrad), fprop_after=after.fprop, dgrad_after=bwd(after.dgrad),
+      bwd, fwd = s.backward_precision, s.forward_precision
+      rows.append(PrecisionRow(layer=layer, role=role, fprop=fwd(before.fprop), dgrad=bwd(before.dgrad),
+                               wgrad=bwd(before.wgrad), fprop_after=fwd(after.fprop), dgrad_after=bwd(after.dgrad),
                                wgrad_after=bwd(after.wgrad)))
   return rows
 

@@ -24,6 +24,14 @@ FALLBACKS = ("bf16", "fp8")
 SWITCH_SCOPES = ("forward", "all")
 # Over which part of a sharded operand an NVFP4 amax is taken (core/amax_scope.py).
 AMAX_SCOPES = ("te", "global")
+# What an NVFP4 GEMM computes when fine-tuning for NVFP4 serving (quantization-aware training, nvfp4_qat):
+#   full     TE's training recipe in all three passes (what pre-training uses)
+#   forward  the recipe's forward; dgrad/wgrad in bf16 on the original operands (straight-through): the same GEMMs
+#            as nvfp4_backward_override=high_precision (TE's backward_override), named for QAT; with
+#            nvfp4_backward_override=dequantized, that backward instead
+#   serving  the forward the export serves (core/serving_gemm.py: W4A4 with 1x16 weight blocks and fused-group
+#            global scales as exported, per-token activation scales), high-precision backward as `forward`
+QAT_MODES = ("full", "forward", "serving")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +64,25 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
   # Per-GEMM-role quantization statistics in MaxText's metrics, every `diagnostics_interval` steps.
   diagnostics: bool = False
   diagnostics_interval: int = 10
+  # Quantization-aware training mode (QAT_MODES): full | forward | serving.
+  qat: str = "full"
+
+  def gemm_options(self) -> recipe_options.RecipeOptions:
+    """The recipe options an NVFP4 GEMM runs with: the ``nvfp4_*`` options, with ``backward_override =
+    high_precision`` under ``nvfp4_qat=forward|serving`` unless ``nvfp4_backward_override`` names a backward
+    (``forward`` + ``dequantized``: the bf16 backward on the forward's dequantized operands)."""
+    o = recipe_options.options_of(self)
+    if self.qat == "full" or o.backward_override != "none":  # forward keeps an explicit override (dequantized)
+      return o
+    return dataclasses.replace(o, backward_override="high_precision")
+
+  def backward_precision(self, planned: str) -> str:
+    """A backward pass's precision as computed (``gemm_options``' override: see RecipeOptions)."""
+    return self.gemm_options().backward_precision(planned)
+
+  def forward_precision(self, planned: str) -> str:
+    """The fprop as computed: ``nvfp4`` is ``serve`` (the export's W4A4) under ``nvfp4_qat=serving``."""
+    return "serve" if planned == "nvfp4" and self.qat == "serving" else planned
 
   def switch_step(self, total_steps: int | None) -> int | None:
     """The first step that runs in ``switch_to``, or None when the switch is off."""
@@ -84,6 +111,7 @@ KEY_HELP: dict[str, str] = {
     "seed": "int",
     "diagnostics": "bool",
     "diagnostics_interval": "int >= 1",
+    "qat": "full | forward | serving",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -94,6 +122,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "switch_to": FALLBACKS,
     "switch_scope": SWITCH_SCOPES,
     "amax_scope": AMAX_SCOPES,
+    "qat": QAT_MODES,
 }
 
 
@@ -156,6 +185,9 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
   refused = recipe_options.refusal(s)
   if refused:
     raise SettingsError(refused)
+  qat = qat_refusal(s)
+  if qat:
+    raise SettingsError(qat)
   for field in ("keep_first_layers", "keep_last_layers"):
     v = getattr(s, field)
     if int(v) != v or v < 0:
@@ -182,3 +214,34 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
           f"nvfp4_switch_at_step={int(sw)} is not before the last step (steps={steps}); use a step < {steps}"
           " or a fraction in (0, 1)"
       )
+
+
+def qat_refusal(s: Nvfp4Settings) -> str | None:
+  """One line when ``nvfp4_qat`` contradicts another key (key, value, fix), else None.
+
+  ``serving`` computes dgrad/wgrad in bf16 on the original operands: ``nvfp4_backward_override=dequantized`` says
+  otherwise (``forward`` takes it: the bf16 backward on its forward's dequantized operands). ``serving`` computes the forward exactly as the export serves it, so the options that change the
+  training recipe's forward quantizers (4over6, row-scaled activations) cannot apply; the others (RHT, stochastic
+  rounding, 16x16 weight tiles) belong to the NVFP4 backward and the training forward, which it does not run.
+  """
+  if s.qat == "full":
+    return None
+  if s.backend == "te":  # decided from the keys alone: before any device check
+    what = ("the export's W4A4 forward (1x16 weight blocks, per-token activation scales); TE's kernels compute the"
+            " training recipe's" if s.qat == "serving" else
+            "a high-precision backward (TE PyTorch's backward_override=high_precision), which TE JAX does not implement")
+    return (f"nvfp4_backend=te cannot run nvfp4_qat={s.qat}: {what}; set nvfp4_backend=auto (on Blackwell it runs"
+            f" the mode emulated and says so) or emulate, or nvfp4_qat=full")
+  if s.qat == "serving" and s.backward_override == "dequantized":
+    return ("nvfp4_qat=serving computes dgrad/wgrad in bf16 on the original operands (straight-through);"
+            " nvfp4_backward_override=dequantized (on the training recipe's dequantized operands) does not apply to its"
+            " forward: set nvfp4_backward_override=none, or nvfp4_qat=forward")
+  if s.qat == "serving":
+    for key, value, off in (("nvfp4_4over6", s.four_over_six, "none"),
+                            ("nvfp4_row_scaled_activation", s.row_scaled_activation, False)):
+      if value != off:
+        shown = str(value).lower() if isinstance(value, bool) else value
+        return (f"nvfp4_qat=serving computes the forward exactly as the export serves it (1x16 weight blocks, per-token"
+                f" activation scales); {key}={shown} changes the training recipe's quantizers, which it does not run:"
+                f" unset {key}, or use nvfp4_qat=full|forward")
+  return None

@@ -29,21 +29,29 @@ def maxtext_module(module_name: str):
   return module
 
 
+# The parameters' item in a step folder: MaxText's training checkpoints ("items": its TrainState, parameters under
+# "params"), and Tunix's (MaxText's distillation trainer: "model_params", the student's NNX state, each parameter
+# under its variable's "value"; MaxText's own load_parameters_path reads both).
+ITEM_NAMES = ("items", "model_params")
+
+
 def find_items(path: str) -> str:
-  """The Orbax ``items`` directory of a checkpoint given as a run's ``checkpoints`` dir (latest committed
-  step), a step dir, or the ``items`` dir itself."""
+  """The Orbax parameters item (``items``, or a Tunix checkpoint's ``model_params``) of a checkpoint given as a
+  run's ``checkpoints`` dir (latest committed step), a step dir, or the item dir itself."""
   path = os.path.abspath(os.path.expanduser(path))
   if not os.path.isdir(path):
     raise CheckpointError(f"checkpoint {path}: no such directory (give a MaxText run's checkpoints/ or"
                           " checkpoints/<step>/ directory)")
-  if os.path.basename(path) == "items" or os.path.exists(os.path.join(path, "_METADATA")):
+  if os.path.basename(path) in ITEM_NAMES or os.path.exists(os.path.join(path, "_METADATA")):
     return path
-  if os.path.isdir(os.path.join(path, "items")):
-    return os.path.join(path, "items")
-  steps = sorted((int(s) for s in os.listdir(path) if s.isdigit() and os.path.isdir(os.path.join(path, s, "items"))
+  for name in ITEM_NAMES:
+    if os.path.isdir(os.path.join(path, name)):
+      return os.path.join(path, name)
+  steps = sorted(((int(s), name) for s in os.listdir(path) for name in ITEM_NAMES if s.isdigit()
+                  and os.path.isdir(os.path.join(path, s, name))
                   and os.path.exists(os.path.join(path, s, "commit_success.txt"))), reverse=True)
   if steps:
-    return os.path.join(path, str(steps[0]), "items")
+    return os.path.join(path, str(steps[0][0]), steps[0][1])
   raise CheckpointError(f"checkpoint {path}: no committed MaxText checkpoint in it (expected <step>/items with"
                         " commit_success.txt; train with enable_checkpointing=true)")
 
@@ -70,6 +78,43 @@ def load_config(config_args: list[str]) -> Any:
     raise CheckpointError(f"config {' '.join(args)}: {' '.join(str(one or e).split())}") from None
 
 
+def params_of(tree) -> tuple[Any, bool] | None:
+  """``(the subtree holding the parameters, whether it is a Tunix NNX state)`` of a checkpoint item's tree
+  (:data:`ITEM_NAMES`), or None when it holds no MaxText parameters."""
+  if isinstance(tree, dict) and "params" in tree:
+    return tree["params"], False
+  if isinstance(tree, dict) and "decoder" in tree:
+    return tree, True
+  return None
+
+
+def param_name(path, nnx_state: bool) -> str:
+  """A parameter's flattened name as MaxText's conversion names it (``params-decoder-layers_0-...``), from its
+  path in :func:`params_of`'s subtree (a Tunix NNX state: without the variable's ``value`` leaf)."""
+  parts = [str(getattr(k, "key", k)) for k in path]
+  if nnx_state:
+    parts = ["params", *(parts[:-1] if parts and parts[-1] == "value" else parts)]
+  return "-".join(parts)
+
+
+def named_leaves(sub, nnx_state: bool) -> list[tuple[str, tuple[str, ...], Any]]:
+  """``[(param_name, path, leaf)]`` of :func:`params_of`'s subtree: its parameters (a Tunix NNX state also holds
+  the modules' RNG counters, under ``rngs``: not parameters, skipped)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  out = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(sub)[0]:
+    parts = tuple(str(getattr(k, "key", k)) for k in path)
+    if nnx_state and "rngs" in parts:
+      continue
+    out.append((param_name(path, nnx_state), parts, leaf))
+  return out
+
+
+def _restore_item(sub, nnx_state: bool):
+  return sub if nnx_state else {"params": sub}
+
+
 def read_params(items_dir: str) -> dict[str, np.ndarray]:
   """``{"params-decoder-layers_0-...": array}``: the checkpoint's parameters, flattened with MaxText's
   conversion naming (optimizer state is not read)."""
@@ -80,17 +125,18 @@ def read_params(items_dir: str) -> dict[str, np.ndarray]:
   try:
     meta = _quiet_metadata(ckptr, items_dir)
     tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
-    if "params" not in tree:
+    found = params_of(tree)
+    if found is None:
       raise CheckpointError(f"checkpoint {items_dir}: no 'params' item (not a MaxText training checkpoint)")
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree["params"])
+    sub, nnx_state = found
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), sub)
     restored = ckptr.restore(items_dir, args=ocp.args.PyTreeRestore(
-        item={"params": tree["params"]}, restore_args={"params": restore_args}, partial_restore=True))
+        item=_restore_item(sub, nnx_state), restore_args=_restore_item(restore_args, nnx_state), partial_restore=True))
   except CheckpointError:
     raise
   except Exception as e:  # pylint: disable=broad-exception-caught  (Orbax/tensorstore raise many kinds)
     raise CheckpointError(f"checkpoint {items_dir}: cannot read it ({' '.join(str(e).split())[:200]})") from None
-  flat = jax.tree_util.tree_flatten_with_path(restored["params"])[0]
-  return {"-".join(str(getattr(k, "key", k)) for k in path): np.asarray(v) for path, v in flat}
+  return {name: np.asarray(v) for name, _, v in named_leaves(restored if nnx_state else restored["params"], nnx_state)}
 
 
 class ParamReader:
@@ -107,13 +153,13 @@ class ParamReader:
     except Exception as e:  # pylint: disable=broad-exception-caught  (Orbax/tensorstore raise many kinds)
       raise CheckpointError(f"checkpoint {items_dir}: cannot read it ({' '.join(str(e).split())[:200]})") from None
     tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
-    if not isinstance(tree, dict) or "params" not in tree:
+    found = params_of(tree)
+    if found is None:
       raise CheckpointError(f"checkpoint {items_dir}: no 'params' item (not a MaxText training checkpoint)")
-    self._tree = tree["params"]
-    flat = jax.tree_util.tree_flatten_with_path(self._tree)[0]
-    self.paths = {"-".join(str(getattr(k, "key", k)) for k in path): tuple(str(getattr(k, "key", k)) for k in path)
-                  for path, _ in flat}
-    self.shapes = {k: tuple(getattr(v, "shape", ())) for k, (_, v) in zip(self.paths, flat)}
+    self._tree, self._nnx_state = found
+    leaves = named_leaves(self._tree, self._nnx_state)
+    self.paths = {name: parts for name, parts, _ in leaves}
+    self.shapes = {name: tuple(getattr(v, "shape", ())) for name, _, v in leaves}
 
   def read(self, key: str) -> np.ndarray:
     """The parameter ``key`` ("params-decoder-...") as a numpy array in its checkpoint dtype."""
@@ -129,10 +175,11 @@ class ParamReader:
     d_args[path[-1]] = ocp.RestoreArgs(restore_type=np.ndarray)
     try:
       got = self._ckptr.restore(self.items_dir, args=ocp.args.PyTreeRestore(
-          item={"params": item}, restore_args={"params": args}, partial_restore=True))
+          item=_restore_item(item, self._nnx_state), restore_args=_restore_item(args, self._nnx_state),
+          partial_restore=True))
     except Exception as e:  # pylint: disable=broad-exception-caught
       raise CheckpointError(f"checkpoint {self.items_dir}: cannot read {key} ({' '.join(str(e).split())[:200]})") from None
-    node = got["params"]
+    node = got if self._nnx_state else got["params"]
     for part in path:
       node = node[part]
     return np.asarray(node)

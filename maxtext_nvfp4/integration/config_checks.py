@@ -12,6 +12,7 @@ from maxtext_nvfp4.integration import compile_target
 from maxtext_nvfp4.integration import config_schema
 from maxtext_nvfp4.integration import model_layout
 from maxtext_nvfp4.integration import moe_refusals
+from maxtext_nvfp4.integration import serving_layout
 
 
 def validate_config(config) -> None:
@@ -32,3 +33,6 @@ def validate_config(config) -> None:
   # MoE paths that would skip the plan (the device-count check waits for make_quantization: asking JAX for
   # devices here would start its backend before MaxText initializes jax.distributed).
   moe_refusals.check_model(config, s, s.backend, num_devices=None, layout=layout)
+  serving = serving_layout.refusal(s, layout)  # nvfp4_qat=serving on a projection the export serves otherwise
+  if serving:
+    raise settings_lib.SettingsError(serving)

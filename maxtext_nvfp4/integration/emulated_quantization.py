@@ -49,6 +49,8 @@ def quantization_class():
     switch_step: int | None = None
     # nvfp4_diagnostics_interval when nvfp4_diagnostics is on, else 0 (no diagnostics code traced)
     diagnostics_interval: int = 0
+    # nvfp4_qat=serving: role -> (its fused group's roles, serving_gemm.Member) (serving_layout.members); else None
+    serving_members: dict | None = None
 
     def _located_recipes(self, mesh_axes):
       """(layer, role, recipe, switched) of the next projection built with ``mesh_axes`` (None: plain BF16)."""
@@ -60,8 +62,13 @@ def quantization_class():
 
     def dot_general_cls(self, mesh_axes=()):
       layer, role, recipe, switched = self._located_recipes(mesh_axes)
-      group = self.diagnostics_group(layer, role, recipe)
-      extra = {} if group is None else {"diag_group": group, "diag_interval": int(self.diagnostics_interval)}
+      if self.serving_members is not None and recipe is not None and recipe.fprop == "nvfp4":
+        # the export's forward instead of the training recipe's (no diagnostics: the export's quantizer)
+        extra = {"serving": self.serving_members[role]}
+        group = None
+      else:
+        group = self.diagnostics_group(layer, role, recipe)
+        extra = {} if group is None else {"diag_group": group, "diag_interval": int(self.diagnostics_interval)}
       return functools.partial(linen_gemm.linen_module_class(), recipe=recipe, switched=switched,
                                switch_step=self.switch_step if switched is not None else None,
                                layer=layer, role=role, seed=int(self.settings.seed),

@@ -52,6 +52,8 @@ def linen_module_class():
     kernel_axes: tuple = ()
     # nvfp4_amax_scope: te (TE's per-device / per-shard amaxes on the run's mesh) or global
     amax_scope: str = "global"
+    # nvfp4_qat=serving: (the fused group's roles, serving_gemm.Member) of this projection, else None
+    serving: Any = None
 
     @nn.compact
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
@@ -65,6 +67,8 @@ def linen_module_class():
 
       training, step, use_switched, key = traced.step_inputs(self.layer, self.role, self.seed, self.recipe,
                                                              self.switched, self.switch_step)
+      if self.serving is not None:
+        return _served(self, lhs, rhs, dimension_numbers, preferred_element_type, use_switched, key)
       groups = None
       if self.amax_scope == "te":
         groups = mesh_scope.te_amax_groups(lhs.shape, rhs.shape, dimension_numbers, self.kernel_axes, self.role)
@@ -78,6 +82,39 @@ def linen_module_class():
       return observe(lhs, rhs, dimension_numbers, out)
 
   return Nvfp4DotGeneral
+
+
+def _served(m, lhs, rhs, dimension_numbers, preferred_element_type, use_switched, key):
+  """``nvfp4_qat=serving``'s forward (:mod:`maxtext_nvfp4.core.serving_gemm`) on the fp32 master kernels of the
+  projection's fused group (:mod:`serving_layout`); after a late switch, the switched recipe's GEMM."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import serving_gemm  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import serving_layout  # pylint: disable=import-outside-toplevel
+
+  roles, member = m.serving
+  published = serving_layout.masters() or {}
+  group = tuple(published[r] for r in roles) if all(r in published for r in roles) else None
+  if traced.step_lib.current_step() is not None:  # inside a train/eval step (not the build's dummy call)
+    serving_layout.SERVED.add((m.layer, m.role, group is not None))
+    if group is None:
+      from maxtext_nvfp4.integration.log_once import log_once  # pylint: disable=import-outside-toplevel
+
+      log_once(f"maxtext-nvfp4: nvfp4_qat=serving: the {m.role} projection ran outside an Attention/MlpBlock that"
+               " publishes its fp32 kernels; its serving forward quantizes the kernel as handed (compute dtype) alone",
+               warn=True)
+
+  def serve():
+    return serving_gemm.dot_general(lhs, rhs, dimension_numbers, group=group,
+                                    member=member if group is not None else serving_gemm.Member(),
+                                    preferred_element_type=preferred_element_type)
+
+  if m.switched is None:
+    return serve()
+  return jax.lax.cond(use_switched, lambda: gemm.dot_general(lhs, rhs, dimension_numbers, recipe=m.switched,
+                                                             key=key, preferred_element_type=preferred_element_type),
+                      serve)
 
 
 def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=None, diag_interval=1):

@@ -31,6 +31,12 @@ first imported or at registration if it already is:
 * ``maxtext.utils.accelerator_to_spec_map.get_system_characteristics``: also answers the GPU compile topologies
   of :mod:`maxtext_nvfp4.integration.compile_target` (``b200-4``), so that a config with such a
   ``compile_topology`` validates; every MaxText name unchanged.
+* ``maxtext.trainers.post_train.distillation.train_distill.MaxTextDistillationTrainer`` (``_train_step`` /
+  ``_eval_step``): wrapped to publish the student's step, as ``train_step`` above
+  (:func:`maxtext_nvfp4.integration.posttrain.patch_distill`).
+* ``maxtext.layers.attentions.Attention.__call__`` / ``maxtext.layers.linears.MlpBlock.__call__``: under
+  ``nvfp4_qat=serving`` they publish their projections' kernels as stored, the fp32 weights the export
+  quantizes (:mod:`maxtext_nvfp4.integration.serving_layout`); otherwise MaxText's own call.
 * ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
   ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
   precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
@@ -43,6 +49,8 @@ from maxtext_nvfp4.integration import config_checks
 from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
 from maxtext_nvfp4.integration import log_filter
+from maxtext_nvfp4.integration import posttrain
+from maxtext_nvfp4.integration import serving_layout
 from maxtext_nvfp4.integration import sparse_moe
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
@@ -160,4 +168,7 @@ PATCHES = {
     "moe": sparse_moe.patch_moe,
     "megablox": sparse_moe.patch_megablox,
     "accelerators": patch_accelerators,
+    "distill": posttrain.patch_distill,
+    "serving_attention": serving_layout.patch_attention,
+    "serving_mlp": serving_layout.patch_mlp,
 }

@@ -26,6 +26,17 @@ def run_pretrain(argv) -> None:
   importlib.import_module(touchpoints.adapter().train_module).main(argv)
 
 
+def run_posttrain(trainer: str, argv) -> None:
+  """MaxText's post-training ``<trainer>.main(argv)`` (``sft``, ``distill``: the adapter's ``posttrain_modules``),
+  with the plugin registered."""
+  import importlib  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
+
+  register()
+  importlib.import_module(posttrain.trainer_module(trainer)).main(argv)
+
+
 _lock = threading.RLock()
 _finder: Any = None
 

@@ -17,6 +17,17 @@ from maxtext_nvfp4.integration import model_layout
 VERBOSE_ENV = "MAXTEXT_NVFP4_VERBOSE"
 
 
+# the start-up line of each nvfp4_qat mode (after the recipe options)
+QAT_TEXT = {
+    "full": "",
+    "forward": "\nnvfp4_qat=forward: NVFP4 forward, dgrad/wgrad in bf16 on the original operands (straight-through;"
+               " = nvfp4_backward_override=high_precision)",
+    "serving": "\nnvfp4_qat=serving: fprop 'serve' = the export's W4A4 (fp32 master weights in 1x16 blocks, q/k/v and"
+               " gate/up sharing one global scale, per-token activation scales; core/serving_gemm.py), dgrad/wgrad in"
+               " bf16 (straight-through)",
+}
+
+
 def verbose() -> bool:
   """Whether ``MAXTEXT_NVFP4_VERBOSE`` asks for everything (any value but "", "0", "false", "no")."""
   return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
@@ -40,7 +51,7 @@ def precision_table_text(config, layout: layout_lib.ModelLayout | None = None, *
          "\n  expert_* = one GEMM per expert (own amax per expert weight and per expert token group;"
          f" {path})" if layout.moe_layers else "")
   options = f"\nrecipe options: {s.describe()}" + (
-      f" (TE PyTorch only: {', '.join(s.te_pytorch_only())})" if s.te_pytorch_only() else "")
+      f" (TE PyTorch only: {', '.join(s.te_pytorch_only())})" if s.te_pytorch_only() else "") + QAT_TEXT[s.qat]
   if verbose() if per_layer is None else per_layer:
     table = plan_lib.format_precision_table(rows, switch_step=switch)
   else:

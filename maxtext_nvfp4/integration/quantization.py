@@ -25,6 +25,7 @@ from maxtext_nvfp4.integration import emulated_quantization
 from maxtext_nvfp4.integration import model_layout
 from maxtext_nvfp4.integration import moe_refusals
 from maxtext_nvfp4.integration import precision_text
+from maxtext_nvfp4.integration import serving_layout
 from maxtext_nvfp4.integration import te_quantization
 from maxtext_nvfp4.integration import touchpoints
 from maxtext_nvfp4.integration.log_once import log_once
@@ -50,6 +51,9 @@ def make_quantization(config, quant_mode_str: str = "train"):
     if refused:
       log_once(refused)
   moe_refusals.check_model(config, s, s.backend, num_devices=compile_target.device_count(config), layout=layout)
+  serving_refused = serving_layout.refusal(s, layout)
+  if serving_refused:
+    raise settings_lib.SettingsError(serving_refused)
   locator = plan_lib.GemmLocator(num_layers=layout.num_layers, num_activations=layout.num_activations,
                                  scan_layers=layout.scan_layers, moe_layers=layout.moe_layers or None,
                                  signatures=facts.kernel_signatures, up_projection_axes=facts.up_projection_axes)
@@ -78,6 +82,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
     diag_interval = int(s.diagnostics_interval)
     diagnostics.AGGREGATOR.armed = True  # the metrics writer now waits for and merges nvfp4/* reports
     log_once(f"maxtext-nvfp4: diagnostics on: nvfp4/* metrics every {diag_interval} steps")
+  serving = serving_layout.members(config) if s.qat == "serving" else None
   return emulated_quantization.quantization_class()(settings=s, num_layers=layout.num_layers, locator=locator,
                                                     switch_step=s.switch_step(config.steps),
-                                                    diagnostics_interval=diag_interval)
+                                                    diagnostics_interval=diag_interval, serving_members=serving)

@@ -128,6 +128,8 @@ def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
       "tensors": {t: {"4over6": s.uses_4over6(t), "e4m3_bound": s.e4m3_bound(t), "row_scaled": s.row_scaled(t)}
                   for t in ("weight", "activation", "gradient")},
       "backward": {p: s.backward_precision("nvfp4") for p in ("dgrad", "wgrad")},
+      # nvfp4_qat: what an nvfp4-planned fprop computes ("serve": the export's W4A4, core/serving_gemm.py)
+      "qat": {"mode": s.qat, "fprop": s.forward_precision("nvfp4")},
   }
   try:
     c = capability.choose_backend(s.backend, devices=devices, settings=s)
@@ -218,6 +220,8 @@ def format_human(r: dict[str, Any]) -> str:
         lines.append(f"    {t:<10} 4over6={str(v['4over6']).lower():<5} e4m3_bound={v['e4m3_bound']}"
                      f" row_scaled={str(v['row_scaled']).lower()}")
       lines.append(f"    nvfp4 dgrad/wgrad run as: {opts['backward']['dgrad']}")
+      if opts.get("qat"):
+        lines.append(f"    nvfp4_qat={opts['qat']['mode']}: nvfp4 fprop runs as: {opts['qat']['fprop']}")
     if rec.get("te_recipe"):
       lines.append(f"  TE NVFP4BlockScaling({', '.join(f'{k}={v}' for k, v in rec['te_recipe'].items())})")
     for op, where in (rec.get("amax_scope") or {}).items():

@@ -59,7 +59,6 @@ class ShapeMismatch(ValueError):
 
 def parameter_shapes(items_dir: str) -> dict[str, tuple[int, ...]]:
   """``{"params-decoder-layers_0-...": shape}`` from the checkpoint's metadata (no array is read)."""
-  import jax  # pylint: disable=import-outside-toplevel
   import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
   import logging  # pylint: disable=import-outside-toplevel
@@ -73,13 +72,16 @@ def parameter_shapes(items_dir: str) -> dict[str, tuple[int, ...]]:
     raise ShapeMismatch(f"checkpoint {items_dir}: cannot read its metadata ({' '.join(str(e).split())[:200]})") from None
   finally:
     absl_log.setLevel(level)
+  from maxtext_nvfp4.integration import checkpoint  # pylint: disable=import-outside-toplevel
+
   tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta
-  if not isinstance(tree, dict) or "params" not in tree:
+  found = checkpoint.params_of(tree)
+  if found is None:
     return {}
-  # the item is MaxText's TrainState: tree["params"] = {"params": {...}}, flattened as read_params names it
-  flat = jax.tree_util.tree_flatten_with_path(tree["params"])[0]
-  return {"-".join(str(getattr(k, "key", k)) for k in path): tuple(int(d) for d in getattr(v, "shape", ()) or ())
-          for path, v in flat}
+  # MaxText's TrainState: tree["params"] = {"params": {...}}; a Tunix NNX state: {"decoder": {... "value"}}.
+  # Flattened as read_params names them.
+  sub, nnx_state = found
+  return {name: tuple(int(d) for d in getattr(v, "shape", ()) or ()) for name, _, v in checkpoint.named_leaves(sub, nnx_state)}
 
 
 def _drop(shape: tuple[int, ...], axis: int | None) -> tuple[int, ...]:

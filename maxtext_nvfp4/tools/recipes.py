@@ -427,7 +427,10 @@ def missing_data_error(values: Mapping[str, Any]) -> str | None:
       pattern = entry.split(",")[0].strip()
       if not pattern or "://" in pattern or glob.glob(os.path.expanduser(pattern)):
         continue
-      if pattern.startswith("data/embedded/"):
+      if pattern.startswith("data/embedded_sft/"):
+        fix = ("build the fine-tuning demo data here first with `maxtext-nvfp4 prepare-sft-data` (writes"
+               " data/embedded_sft/ in the current directory), or run from the directory that holds data/")
+      elif pattern.startswith("data/embedded/"):
         fix = ("build the demo data here first with `maxtext-nvfp4 prepare-data` (writes data/embedded/ in the"
                " current directory), or run from the directory that holds data/")
       else:

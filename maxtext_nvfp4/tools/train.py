@@ -42,8 +42,8 @@ _USAGE = ("usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...] | --lis
           "  RECIPE: a .yml path or a packaged recipe name (--list); keys: MaxText's and nvfp4_* (docs/usage.md)")
 
 
-def _fail(message: str) -> int:
-  print(f"maxtext-nvfp4 train: error: {message}", file=sys.stderr, flush=True)
+def _fail(message: str, command: str = "train") -> int:
+  print(f"maxtext-nvfp4 {command}: error: {message}", file=sys.stderr, flush=True)
   return 2
 
 
@@ -81,7 +81,7 @@ def _config_error_types() -> tuple[type, ...]:
           maxtext_versions.MaxTextVersionError)
 
 
-def config_error_line(e: Exception) -> str:
+def config_error_line(e: Exception, command: str = "train") -> str:
   """The one stderr line for a config error found once MaxText runs: ours (``maxtext-nvfp4 train: error:
   <key>=<value> ...``), or MaxText's pydantic validation text joined into one line and said to be MaxText's."""
   import pydantic  # pylint: disable=import-outside-toplevel
@@ -89,19 +89,26 @@ def config_error_line(e: Exception) -> str:
   text = " ".join(str(e).split())
   if isinstance(e, pydantic.ValidationError):
     text = f"MaxText refused the config: {text}"
-  return f"maxtext-nvfp4 train: error: {text}"
+  return f"maxtext-nvfp4 {command}: error: {text}"
 
 
-def _main_exit_2_on_config_error(argv):
-  """``train.main(argv)``, but a config error exits 2 with its one line (:func:`config_error_line`; the
-  log filter keeps MaxText's own ``MAXTEXT CONFIG ERROR`` banner of it out of the log)."""
+def _pretrain(argv) -> None:
   from maxtext_nvfp4.integration import plugin  # pylint: disable=import-outside-toplevel
 
-  try:
-    plugin.run_pretrain(argv)
-  except _config_error_types() as e:
-    print(config_error_line(e), file=sys.stderr, flush=True)
-    sys.exit(2)
+  plugin.run_pretrain(argv)
+
+
+def _exit_2_on_config_error(runner, command: str):
+  """``runner(argv)`` (a MaxText ``main``), but a config error exits 2 with its one line
+  (:func:`config_error_line`; the log filter keeps MaxText's own ``MAXTEXT CONFIG ERROR`` banner of it out of
+  the log)."""
+  def main(argv):
+    try:
+      runner(argv)
+    except _config_error_types() as e:
+      print(config_error_line(e, command), file=sys.stderr, flush=True)
+      sys.exit(2)
+  return main
 
 
 def _effective(args: list[str]) -> dict:
@@ -338,9 +345,20 @@ def check_command_line(args: list[str], *, compile_only: bool = False) -> tuple[
 
 def cli_main(argv: list[str]) -> int:
   """``maxtext-nvfp4 train [RECIPE] [key=value ...]``; returns the process exit code."""
+  return run_trainer(argv, command="train", runner=_pretrain, usage=_USAGE)
+
+
+def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=None) -> int:
+  """The trainer command line (:func:`cli_main` and the post-training commands of
+  :mod:`maxtext_nvfp4.tools.posttrain`): check it (exit 2 and one line ``maxtext-nvfp4 <command>: error:
+  ...``), register the plugin, then ``runner(argv)`` -- MaxText's own ``main`` -- under absl.
+
+  ``prepare(args, cfg) -> (args, cfg)``: the command's own checks and rewrites after the common ones (raises
+  one of the config error types with its line); ``usage``: the ``--help`` text.
+  """
   args = list(argv)
   if args and args[0] in ("-h", "--help"):
-    print(_USAGE)
+    print(usage)
     return 0
   if args and args[0] in ("--list", "--version"):
     from maxtext_nvfp4.tools import recipes  # pylint: disable=import-outside-toplevel
@@ -348,12 +366,14 @@ def cli_main(argv: list[str]) -> int:
     print(recipes.recipes_listing() if args[0] == "--list" else f"maxtext-nvfp4 {maxtext_nvfp4.__version__}")
     return 0
   if args and args[0].startswith("-"):
-    return _fail(f"unknown option {args[0]!r}; usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...]"
-                 " (--list shows the packaged recipes)")
+    return _fail(f"unknown option {args[0]!r}; usage: python -m maxtext_nvfp4.{command} [RECIPE] [key=value ...]"
+                 " (--list shows the packaged recipes)", command)
   try:
     args, cfg = check_command_line(args)
+    if prepare is not None:
+      args, cfg = prepare(args, cfg)
   except _config_error_types() as e:
-    return _fail(" ".join(str(e).split()))
+    return _fail(" ".join(str(e).split()), command)
   args, cfg = with_absolute_output_dir(args, cfg)
   ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
@@ -370,7 +390,7 @@ def cli_main(argv: list[str]) -> int:
 
   rc = 0
   try:
-    app.run(_main_exit_2_on_config_error, argv=["maxtext_nvfp4.train", *args])
+    app.run(_exit_2_on_config_error(runner, command), argv=[f"maxtext_nvfp4.{command}", *args])
   except SystemExit as e:
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   if rc == 2 and record:  # a config error MaxText found: the run did not start, leave nothing behind

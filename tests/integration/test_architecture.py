@@ -6,7 +6,7 @@ Layers, lowest first; a module may import our modules of its own layer or a lowe
   backends/     which backend runs, and the recipe in TE's terms (TE imported lazily, never MaxText)
   integration/  the only code that imports MaxText (every fact about a MaxText version: maxtext_versions/)
   tools/        command-line tools
-  facades       maxtext_nvfp4/__main__.py, train.py, train_compile.py, maxtext_plugin.py (stable entry points); the package
+  facades       maxtext_nvfp4/__main__.py, train.py, train_compile.py, sft.py, distill.py, maxtext_plugin.py (stable entry points); the package
                 root __init__.py (version, register()) counts as integration
 
 No import cycle at any level: module-level imports and function-level (lazy) ones alike. No MaxText
@@ -98,7 +98,7 @@ def test_module_respects_the_layering(path):
 
 
 def test_every_module_sits_in_a_layer_folder_or_is_a_facade():
-  facades = {"__init__.py", "__main__.py", "train.py", "train_compile.py", "maxtext_plugin.py"}
+  facades = {"__init__.py", "__main__.py", "train.py", "train_compile.py", "sft.py", "distill.py", "maxtext_plugin.py"}
   stray = [str(p.relative_to(PKG)) for p in _modules()
            if p.parent == PKG and p.name not in facades]
   assert stray == []

@@ -30,8 +30,13 @@ def test_each_adapter_is_complete_and_consistent(version, moe_block):
   assert a.version == version
   # every patched module has its touched symbols listed, and a patch job
   assert set(a.patched_modules) <= {t.module for t in a.touches}
-  assert set(a.patched_modules.values()) == {"types", "pyconfig", "quantizations", "train", "metric_logger", "moe",
-                                             "megablox", "accelerators"}
+  assert set(a.patched_modules.values()) - {"distill", "serving_attention", "serving_mlp"} == {
+      "types", "pyconfig", "quantizations", "train", "metric_logger", "moe", "megablox", "accelerators"}
+  # a post-training trainer the plugin runs is a checked touch point (its main), and a patched one has a job
+  from maxtext_nvfp4.integration import patches  # pylint: disable=import-outside-toplevel
+
+  assert set(a.patched_modules.values()) <= set(patches.PATCHES)
+  assert all(any(t.module == m and t.symbol == "main" for t in a.touches) for m in a.posttrain_modules.values())
   assert a.train_module in a.patched_modules
   # the locator names every decoder role from these signatures (each role reachable, none twice per layer)
   roles = [r for sig in a.kernel_signatures.values() for r in sig] + list(

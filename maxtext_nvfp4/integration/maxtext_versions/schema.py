@@ -141,3 +141,7 @@ class MaxTextVersion:
   # executable; 0.2.4 compiles a lowering for its memory statistics only, and its loop's first call traces again
   # (per-trace counts -- traced GEMMs, gmm calls -- are this many times the per-step ones)
   train_step_traces_per_run: int = 1
+  # MaxText's post-training trainers the plugin runs (python -m maxtext_nvfp4.sft / .distill): trainer ->
+  # module whose ``main(argv)`` runs it ("sft": the pre-training loop with use_sft; "distill": the Tunix
+  # distillation trainer). Empty: no post-training entry point was verified on this version.
+  posttrain_modules: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -57,4 +57,7 @@ ADAPTER = dataclasses.replace(
     },
     sparse_matmul_reads_quant_dg=True,  # get_quantization_dtypes: quant_dg = self.quant.quant_dg
     train_step_traces_per_run=2,  # train.py:978 lowers for memory_analysis only; the loop calls p_train_step
+    # the post-training entry points (sft, distill) were run on 0.2.5 only
+    patched_modules={m: job for m, job in v0_2_5.ADAPTER.patched_modules.items() if job != "distill"},
+    posttrain_modules={},
 )

@@ -34,6 +34,8 @@ _MEGABLOX = "maxtext.kernels.megablox"
 _PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
 _ACCELERATORS = "maxtext.utils.accelerator_to_spec_map"
 _TRAIN_COMPILE = "maxtext.trainers.pre_train.train_compile"
+_SFT = "maxtext.trainers.post_train.sft.train_sft_native"
+_DISTILL = "maxtext.trainers.post_train.distillation.train_distill"
 
 # llama2 and mistral blocks have the same parameters; MaxText has no mistral mapping of its own. Its Llama 3.1
 # hooks permute q/k rows from interleaved RoPE pairs to HF halves (adjust_rope): right for LLaMARotaryEmbedding
@@ -102,6 +104,21 @@ TOUCHES: tuple[Touch, ...] = (
           use="the batch sharding, as train_compile (aot_compile)"),
     Touch(module="maxtext.utils.max_utils", symbol="maybe_get_transformer_engine_context",
           use="TE's mesh resources around lowering and compiling a TE program (aot_compile)"),
+    Touch(module="maxtext.layers.attentions", symbol="Attention.__call__",
+          use="wrapped: under nvfp4_qat=serving, publishes its query/key/value/out kernels as stored (serving_layout)"),
+    Touch(module="maxtext.layers.linears", symbol="MlpBlock.__call__",
+          use="wrapped: under nvfp4_qat=serving, publishes its wi_0/wi_1/wo kernels as stored (serving_layout)"),
+    Touch(module=_SFT, symbol="main",
+          use="run by python -m maxtext_nvfp4.sft (posttrain.run): MaxText's pre-training loop with use_sft=True, whose"
+              " train_step/eval_step are the wrapped ones above"),
+    Touch(module=_DISTILL, symbol="main",
+          use="run by python -m maxtext_nvfp4.distill (posttrain.run)"),
+    Touch(module=_DISTILL, symbol="MaxTextDistillationTrainer._train_step",
+          use="wrapped to publish the student's step (ModelBundle.training_step) as a training step (posttrain)"),
+    Touch(module=_DISTILL, symbol="MaxTextDistillationTrainer._eval_step",
+          use="wrapped to publish the student's step to the eval forward (posttrain)"),
+    Touch(module=_DISTILL, symbol="distillation_utils.MaxTextCheckpointManager",
+          use="given Tunix's newer _save_checkpointables / _checkpointer on google-tunix 0.1.7 (posttrain.bridge_tunix_v0)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics",
           use="wrapped: merges nvfp4/* diagnostics into train records (patches.patch_metric_logger)"),
     Touch(module=_METRIC_LOGGER, symbol="MetricLogger.write_metrics_locally",
@@ -161,10 +178,12 @@ ADAPTER = MaxTextVersion(
     version="0.2.5",
     touches=TOUCHES,
     patched_modules={_TYPES: "types", _PYCONFIG: "pyconfig", _QUANTIZATIONS: "quantizations", _TRAIN: "train",
-                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox",
+                     _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox", _DISTILL: "distill",
+                     "maxtext.layers.attentions": "serving_attention", "maxtext.layers.linears": "serving_mlp",
                      _ACCELERATORS: "accelerators"},
     train_module=_TRAIN,
     train_compile_module=_TRAIN_COMPILE,
+    posttrain_modules={"sft": _SFT, "distill": _DISTILL},
     kernel_signatures={
         ("embed_attn", "q_heads", "kv"): ("query",),
         ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),

@@ -1,0 +1,81 @@
+"""Does NVFP4 QAT close the W4A4 serving gap? The CPU fine-tuning demo, every arm from one bf16 checkpoint.
+
+    python benchmarks/accuracy/qat_study.py [--seeds 0 1 2] [--steps 40] [--arms bf16 full forward serving]
+                                            [--out runs/qat_study] [--eval-batches 8]
+
+Run from a directory with ``data/embedded`` and ``data/embedded_sft`` (``maxtext-nvfp4 prepare-data``,
+``prepare-sft-data``) and the demo checkpoint (``python -m maxtext_nvfp4.train demo_bf16
+enable_checkpointing=true``). Each arm fine-tunes with ``python -m maxtext_nvfp4.sft`` (``sft_demo_bf16`` for
+``bf16``, ``sft_demo_nvfp4 nvfp4_qat=<arm>`` otherwise; ``nvfp4_seed`` and ``data_shuffle_seed`` = the seed),
+then ``maxtext-nvfp4 eval-quantized`` gives the eval loss of its last checkpoint served in bf16, NVFP4 W4A16 and
+NVFP4 W4A4 (the export's weights and, for W4A4, per-token activations: what ``export`` + the consumers' decode
+compute). ``bf16`` -> W4A4 is post-training quantization (PTQ). ``qad`` (``distill_demo_nvfp4``) is an arm when
+Tunix is installed. Prints one table (mean and spread over seeds) and writes ``<out>/study.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+MODES = ("bf16", "nvfp4-w4a16", "nvfp4-w4a4")
+
+
+def _run(cmd: list[str], log: str) -> None:
+  with open(log, "w", encoding="utf-8") as f:
+    rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+  if rc != 0:
+    raise SystemExit(f"qat_study: {' '.join(cmd)} failed (exit {rc}); see {log}")
+
+
+def arm(name: str, seed: int, steps: int, out: str, eval_batches: int) -> dict:
+  run = f"{name}_s{seed}"
+  common = [f"run_name={run}", f"base_output_directory={out}", f"metrics_file={out}/{run}.jsonl", f"steps={steps}",
+            f"data_shuffle_seed={seed}"]
+  if name == "bf16":
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", "sft_demo_bf16", *common]
+  elif name == "qad":
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.distill", "distill_demo_nvfp4", *common, f"nvfp4_seed={seed}"]
+  else:
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", "sft_demo_nvfp4", *common, f"nvfp4_qat={name}",
+           f"nvfp4_seed={seed}"]
+  _run(cmd, f"{out}/{run}.train.log")
+  result = f"{out}/{run}.eval.json"
+  _run([sys.executable, "-m", "maxtext_nvfp4.tools.cli", "eval-quantized", f"{out}/{run}/checkpoints",
+        *[a for m in MODES for a in ("--mode", m)], "--eval-batches", str(eval_batches), "--json", result],
+       f"{out}/{run}.eval.log")
+  with open(result, encoding="utf-8") as f:
+    return json.load(f)["losses"]
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  p.add_argument("--steps", type=int, default=40)
+  p.add_argument("--arms", nargs="+", default=["bf16", "full", "forward", "serving"])
+  p.add_argument("--out", default=os.path.join("runs", "qat_study"))
+  p.add_argument("--eval-batches", type=int, default=8)
+  args = p.parse_args(argv)
+  out = os.path.abspath(args.out)
+  os.makedirs(out, exist_ok=True)
+  losses = {a: {s: arm(a, s, args.steps, out, args.eval_batches) for s in args.seeds} for a in args.arms}
+  with open(os.path.join(out, "study.json"), "w", encoding="utf-8") as f:
+    json.dump({"steps": args.steps, "seeds": args.seeds, "losses": losses}, f, indent=1)
+  print(f"eval loss (mean over seeds {args.seeds}; spread = max - min), {args.steps} SFT steps")
+  print(f"{'arm':<10}" + "".join(f"{m:>22}" for m in MODES) + f"{'W4A4 - bf16 serve':>20}")
+  for a, per_seed in losses.items():
+    cells = []
+    for m in MODES:
+      v = [per_seed[s][m] for s in args.seeds]
+      cells.append(f"{statistics.mean(v):>14.4f} ±{max(v) - min(v):>6.4f}")
+    gap = [per_seed[s]["nvfp4-w4a4"] - per_seed[s]["bf16"] for s in args.seeds]
+    print(f"{a:<10}" + "".join(f"{c:>22}" for c in cells) + f"{statistics.mean(gap):>+20.4f}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
