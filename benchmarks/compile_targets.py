@@ -124,7 +124,11 @@ def system_characteristics(target: Target):
 
 def _quiet_libtpu() -> None:
   # On a host without TPUs libtpu looks for the host's accelerator type and worker names in the environment and
-  # logs a warning and an error (harmless for compile-only devices) when they are missing.
+  # logs a warning and an error (harmless for compile-only devices) when they are missing; the same optimized HLO
+  # with and without these (checked for v6e). It also takes a lock file that a second process (a child compiling
+  # MaxText's step) cannot get: compile-only clients share no device, so they may load it side by side, as jax's
+  # own multi-process tests allow.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
   os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")

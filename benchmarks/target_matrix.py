@@ -70,6 +70,19 @@ def _compile_steps(target: str, timeout: float) -> dict:
   return {p: {k: v for k, v in rows.get(p, dict(error="no row")).items() if k in _KEEP} for p in STEP_PROGRAMS}
 
 
+def run_target_isolated(name: str, parts=PARTS, step_timeout: float = 1800) -> dict:
+  """``run_target`` in a child process: each target's compilers (libtpu, XLA:GPU) and their memory live and die
+  with it (a parent holding libtpu and several GiB once made a TPU step's compile crash, 2026-12-05)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "target.json")
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--targets", name, "--parts", ",".join(parts),
+                        "--step-timeout", str(step_timeout), "--json", out, "--in-process"], check=False)
+    if not os.path.exists(out):
+      return {"target": dict(error=f"the target's process exited with status {r.returncode} and no rows")}
+    with open(out) as fh:
+      return json.load(fh)["targets"][name]
+
+
 def run_target(name: str, parts=PARTS, step_timeout: float = 1800) -> dict:
   """Every program of ``parts`` compiled for target ``name``: {program: counts or {"error": ...}}, or
   {"unavailable": reason} when this environment cannot compile for it."""
@@ -102,7 +115,7 @@ def _pair(programs: dict, nvfp4: str, bf16: str, key: str, fmt: str) -> str:
 
 def table(results: dict) -> str:
   """The matrix: one row per target and program pair (nvfp4 / bf16 (ratio)); quantizers against a copy."""
-  lines = ["| target | program | kernels | non-GEMM GiB | memory MiB | compile s |", "|---|---|---|---|---|---|"]
+  lines = ["| target | program | non-GEMM kernels | non-GEMM GiB | memory MiB | compile s |", "|---|---|---|---|---|---|"]
   for name, programs in results.items():
     if "unavailable" in programs:
       lines.append(f"| {name} | not compiled: {programs['unavailable']} |||||")
@@ -122,6 +135,10 @@ def table(results: dict) -> str:
     for what, nv, bf in (("MLP fwd+bwd 8192x4096x14336", "mlp_nvfp4", "mlp_bf16"),
                          ("MaxText step, demo model", "step_demo_nvfp4", "step_demo_bf16")):
       if nv not in programs:
+        continue
+      errors = [programs.get(p, {}).get("error") for p in (nv, bf)]
+      if any(errors):
+        lines.append(f"| {name} | {what} | failed: {next(e for e in errors if e)[:160]} ||||")
         continue
       kernels = _pair(programs, nv, bf, "other_kernels", "d")
       lines.append(f"| {name} | {what} | {kernels} | {_pair(programs, nv, bf, 'other_gib', '.2f')} |"
@@ -152,7 +169,18 @@ def main(argv=None) -> int:
   p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
   p.add_argument("--json", help="write the environment and every row here")
   p.add_argument("--step-timeout", type=float, default=1800, help="seconds per MaxText step compile")
+  p.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)  # the child of run_target_isolated
+  p.add_argument("--table", nargs="+", metavar="JSON", help="compile nothing: print the table of these --json files"
+                 " (a later file's rows replace an earlier one's for the same target and program)")
   a = p.parse_args(argv)
+  if a.table:
+    merged = {}
+    for path in a.table:
+      with open(path) as fh:
+        for name, programs in json.load(fh)["targets"].items():
+          merged.setdefault(name, {}).update(programs)
+    print(table(merged))
+    return 0
   names = list(compile_targets.TARGETS) if a.targets == "all" else a.targets.split(",")
   parts = a.parts.split(",")
   bad = [n for n in names if n not in compile_targets.TARGETS] + [x for x in parts if x not in PARTS]
@@ -163,14 +191,20 @@ def main(argv=None) -> int:
   import deviceless  # pylint: disable=import-outside-toplevel
 
   env = _environment()
-  print(f"{deviceless.HEADLINE}; {json.dumps(env)}", flush=True)
+  if not a.in_process:
+    print(f"{deviceless.HEADLINE}; {json.dumps(env)}", flush=True)
   results = {}
   for name in names:
-    print(f"{name}: {compile_targets.TARGETS[name].chip}", flush=True)
-    results[name] = run_target(name, parts, a.step_timeout)
+    if a.in_process:
+      results[name] = run_target(name, parts, a.step_timeout)
+    else:
+      print(f"{name}: {compile_targets.TARGETS[name].chip}", flush=True)
+      results[name] = run_target_isolated(name, parts, a.step_timeout)
     if a.json:  # after every target: a long run killed midway keeps what it compiled
       with open(a.json, "w") as fh:
         json.dump(dict(headline=deviceless.HEADLINE, environment=env, targets=results), fh, indent=1)
+  if a.in_process:
+    return 0
   print(table(results))
   failed = [n for n, r in results.items() if any("error" in row for row in r.values() if isinstance(row, dict))]
   return 1 if failed else 2 if any("unavailable" in r for r in results.values()) else 0
