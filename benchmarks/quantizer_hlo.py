@@ -63,6 +63,21 @@ CASES = {
 
 # Opcodes that move no memory on any backend.
 _FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "partition-id", "replica-id"}
+
+
+def is_free(ins) -> bool:
+  """Whether ``ins`` moves no memory: a ``_FREE`` opcode, or the ``*-done`` half of an asynchronous pair (its
+  ``*-start`` counts the transfer; XLA:TPU's copies and slices into on-chip memory, collectives elsewhere)."""
+  return ins.opcode in _FREE or ins.opcode.endswith("-done")
+
+
+def kernel_io(ins, shapes: dict) -> tuple[tuple, tuple]:
+  """(arrays read, arrays written) by kernel ``ins``; ``shapes``: instruction name -> its output arrays. An
+  asynchronous ``*-start``'s output tuple holds its source and its destination, so it is read and written as
+  that tuple alone."""
+  if ins.opcode.endswith("-start"):
+    return (), ins.outputs
+  return tuple(a for o in ins.operands for a in shapes.get(o, ())), ins.outputs
 # Attributes naming computations that run at memory level (not fused): their instructions are kernels too.
 _CALLED = re.compile(r"(?:branch_computations=\{([^}]*)\}|true_computation=(%[\w.-]+)|false_computation=(%[\w.-]+)"
                      r"|body=(%[\w.-]+)|condition=(%[\w.-]+)|\bto_apply=(%[\w.-]+))")
@@ -166,7 +181,7 @@ def _count(comps: dict, cname: str, shapes: dict, outputs: set, n_elements: int)
   a conditional contributes its cheapest branch (by traffic)."""
   tot = dict(kernels=0, operand_reads=0, full_writes=0, f32_temps=0, traffic=0.0)
   for ins in comps.get(cname, []):
-    if ins.opcode in _FREE:
+    if is_free(ins):
       continue
     alternatives = [[_count(comps, c, shapes, outputs, n_elements) for c in alt] for alt in _called(ins)]
     if alternatives:
@@ -176,7 +191,7 @@ def _count(comps: dict, cname: str, shapes: dict, outputs: set, n_elements: int)
       if ins.opcode in ("conditional", "while", "call"):
         continue  # the control op itself moves nothing beyond what its computations do
     tot["kernels"] += 1
-    ins_in = [a for o in ins.operands for a in shapes.get(o, ())]
+    ins_in, _ = kernel_io(ins, shapes)
     tot["operand_reads"] += any(n >= n_elements // 2 for _, n in ins_in)
     tot["full_writes"] += any(n >= n_elements // 2 for _, n in ins.outputs)
     tot["f32_temps"] += ins.name not in outputs and any(n >= n_elements and _bytes([(t, 1)]) == 4 for t, n in ins.outputs)

@@ -3,7 +3,7 @@
 # deviceless benchmarks. Nothing here runs on an accelerator; nothing here is needed to train.
 #
 #   XLA:GPU's compiler      jax-cuda12-plugin / jax-cuda12-pjrt at jaxlib's exact version (compile for an A100, H200,
-#                           B200, ... from its target spec: benchmarks/targets/)
+#                           B200, ... from its target spec: maxtext_nvfp4/backends/target_specs/)
 #   libtpu                  at jax's own pin (jax 0.12.0.1: libtpu==0.0.50.*), for compile-only TPU topologies
 #   Transformer Engine      2.20.2: the core wheel (transformer-engine-cu12), the Python package, and the JAX extension
 #                           built from its sdist with g++ (~4.3 CPU-minutes; the 1 MB built wheel is cached in

@@ -2,7 +2,7 @@
 # The README's test command (what CI runs): every stage, one summary line at the end.
 #   core    the whole suite on the pinned pair (maxtext 0.2.5 + jax 0.12.0.1, .venv), 2 xdist workers, XLA at -O0
 #   peers   real peers as oracles: TE's NVFP4 reference, ModelOpt, vLLM's decode, transformers (.peers/)
-#   gpu     compile-derived XLA:GPU byte and memory pins (deviceless H200 compile on this CPU; .venv-targets)
+#   gpu     compile-derived byte and memory pins: XLA:GPU (H200, A100) and XLA:TPU (v5e), compiled on this CPU (.venv-targets)
 #   te      real Transformer Engine JAX compiled for Blackwell on this CPU: the TE backend's wiring (.venv-targets)
 #   resume  a real MaxText study arm killed and resumed equals the uninterrupted arm bit for bit
 #   matrix  the fast subset on the other supported pair (maxtext 0.2.4 + jax 0.11.2, .venv-matrix)
@@ -63,9 +63,9 @@ env_ready() {  # env_ready STAGE: waits for the background build of STAGE's envi
 }
 run_stage() {  # run_stage NAME: one stage after the core suite, in a lane beside another
   case $1 in
-    gpu) env_ready gpu && stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 .venv-targets/bin/python -m pytest -q -n 0 \
-           tests/core/test_gpu_compile_bytes.py tests/core/test_quantizer_hlo.py::test_cuda_lowering_materializes_only_the_rht_output \
-           --junitxml="$logs/gpu.xml" ;;
+    gpu) env_ready gpu && stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 MAXTEXT_NVFP4_TARGET_COMPILE_TESTS=1 \
+           .venv-targets/bin/python -m pytest -q -n 0 tests/core/test_gpu_compile_bytes.py tests/core/test_target_pins.py \
+           tests/core/test_quantizer_hlo.py::test_cuda_lowering_materializes_only_the_rht_output --junitxml="$logs/gpu.xml" ;;
     te) env_ready te && stage te bash -c 'source scripts/te_env.sh && MAXTEXT_NVFP4_REQUIRE_TE=1 exec .venv-targets/bin/python \
            -m pytest -q -n 0 tests/te --junitxml="$0"' "$logs/te.xml" ;;
     resume) stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n 0 \

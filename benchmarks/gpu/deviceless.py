@@ -1,33 +1,34 @@
-"""Compile our programs for an H100/H200 on a CPU (no GPU) and count what XLA:GPU makes of them.
+"""Compile our programs for a GPU or TPU target on a CPU host (no accelerator) and count what XLA makes of them.
 
-    python benchmarks/gpu/deviceless.py [--spec h200|h100_sxm|FILE] [--programs a,b,...] [--json F] [--dump DIR]
+    python benchmarks/gpu/deviceless.py [--target h200|a100|h100|b200|gb200|tpu-v5e|tpu-v6e|tpu-v5p|FILE]
+                                        [--programs a,b,...] [--json F] [--dump DIR]
 
-Needs ``jax-cuda12-plugin`` and ``jax-cuda12-pjrt`` at jax's version (the ``dev`` extras; ~290 MB, no CUDA
-libraries) and runs with ``JAX_PLATFORMS=cpu``: ``jax.experimental.topologies.get_topology_desc(platform=
-"cuda", target_config=<spec>)`` gives compile-only devices, and ``jit(f).trace(ShapeDtypeStructs on such a
-device).lower().compile()`` runs every XLA:GPU pass down to sm_90a code. The specs are XLA's own
-``GpuTargetConfigProto`` files, vendored in ``maxtext_nvfp4/backends/target_specs/`` (commit in each file's header); a real
-device's ``gpu_target_config.pbtxt`` (written by ``--xla_dump_to`` on a GPU run) can be passed as FILE.
+Targets (``benchmarks/compile_targets.py``): GPUs from XLA's own ``GpuTargetConfigProto`` files, vendored in
+``maxtext_nvfp4/backends/target_specs/`` (openxla/xla, commit in its README), compiled by the ``jax-cuda12-plugin`` /
+``jax-cuda12-pjrt`` compile-only client at jax's version (``.venv-targets``, scripts/setup_targets.sh); a real
+device's ``gpu_target_config.pbtxt`` (written by ``--xla_dump_to`` on a GPU run) can be passed as FILE. TPUs from
+``libtpu`` at jax's own pin (``scripts/setup_targets.sh``), one chip of MaxText's smallest slice. Runs with
+``JAX_PLATFORMS=cpu``: ``jit(f).trace(ShapeDtypeStructs on such a device).lower().compile()`` runs every pass
+of the target's compiler down to its machine code.
 
-Everything this prints is **compile-derived, without autotuning**: every dot becomes a Triton GEMM fusion with
-default tiles where a real run may pick cuBLAS, so the GEMM kernels and the kernels right around them can
-differ from a real run's (the non-GEMM kernels of the quantizer and of the bf16 MLP matched the 2026-11-30
+Everything this prints is **compile-derived, without autotuning**: on a GPU every dot becomes a Triton GEMM
+fusion with default tiles where a real run may pick cuBLAS, so the GEMM kernels and the kernels right around them
+can differ from a real run's (the non-GEMM kernels of the quantizer and of the bf16 MLP matched the 2026-11-30
 H200 run exactly). It is no substitute for a measurement on the device.
 
 Per program (``PROGRAMS``): compile seconds (on this CPU), kernels and bytes per kernel class (GEMM / other;
 ``hlo_traffic.traffic``, the operand + output bytes of each kernel as ``quantizer_hlo.py`` counts them),
 bytes per element of the reference operand (``quantizer_hlo.hlo_stats``: passes, full writes, full-size
 32-bit temporaries), XLA's ``memory_analysis()`` (argument / output / temp MiB) and the largest buffers of
-the temp allocation from XLA's buffer assignment. MaxText's whole train step: ``maxtext_step.py`` beside this.
+the temp allocation from XLA's buffer assignment. MaxText's whole train step: ``maxtext_step.py`` beside this;
+every program against bf16, per target: ``benchmarks/target_matrix.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import glob
-import importlib.util
 import json
 import os
 import re
@@ -43,47 +44,30 @@ sys.path.insert(0, os.path.dirname(_HERE))  # benchmarks/ (quantizer_hlo, mlp_be
 sys.path.insert(0, _HERE)  # benchmarks/gpu (hlo_traffic)
 sys.path.insert(0, os.path.dirname(os.path.dirname(_HERE)))  # the checkout (maxtext_nvfp4)
 
+import compile_targets  # noqa: E402  pylint: disable=wrong-import-position
 import hlo_traffic  # noqa: E402  pylint: disable=wrong-import-position
 import quantizer_hlo as qh  # noqa: E402  pylint: disable=wrong-import-position
 
-SPECS_DIR = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "maxtext_nvfp4", "backends", "target_specs")
-SPECS = ("h200", "h100_sxm")
-_PLUGINS = ("jax_cuda12_plugin", "jax_plugins.xla_cuda12")
-HEADLINE = "compile-derived: XLA:GPU deviceless compile on a CPU host, no autotuning (not a GPU measurement)"
+HEADLINE = "compile-derived: deviceless compile on a CPU host, no autotuning (not a measurement on the device)"
 
 
-def unavailable_reason() -> str | None:
-  """None when deviceless GPU compilation can run here; otherwise why not (one line)."""
-  missing = [m for m in ("jax_cuda12_plugin",) if importlib.util.find_spec(m) is None]
-  if missing or importlib.util.find_spec("jax_plugins") is None:
-    return (f"jax-cuda12-plugin / jax-cuda12-pjrt=={jax.__version__} not installed"
-            f" (pip install -e '.[dev]' installs them)")
-  return None
+def unavailable_reason(spec: str = "h200") -> str | None:
+  """None when this environment can compile for target ``spec`` (``compile_targets``); otherwise why not."""
+  return compile_targets.unavailable_reason(spec)
 
 
-def spec_text(spec: str) -> str:
-  """The GpuTargetConfigProto text of a vendored spec name (``SPECS``) or of a file path."""
-  path = spec if os.path.exists(spec) else os.path.join(SPECS_DIR, f"{spec}.txtpb")
-  if not os.path.exists(path):
-    raise ValueError(f"unknown GPU spec {spec!r}: choose one of {SPECS} or pass a gpu_target_config.pbtxt path")
-  with open(path) as fh:
-    return fh.read()
-
-
-@functools.lru_cache(maxsize=None)
 def devices(spec: str = "h200", topology: str = "1x1x1"):
-  """Compile-only CUDA devices for ``spec`` (``topology``: XLA's "hosts x devices x ..." string; raises
-  RuntimeError with the fix when the plugin is missing)."""
-  reason = unavailable_reason()
-  if reason:
-    raise RuntimeError(f"deviceless GPU compile: {reason}")
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
-
-  return topologies.get_topology_desc(platform="cuda", target_config=spec_text(spec), topology=topology).devices
+  """Compile-only devices of target ``spec`` (a ``compile_targets`` name or a GpuTargetConfigProto file;
+  GPU ``topology``: XLA's "hosts x devices x 1" string, one host; raises RuntimeError with the fix when the
+  target's compiler is not installed)."""
+  hosts, n, _ = (int(v) for v in topology.split("x"))
+  if hosts != 1:
+    raise ValueError(f"one host only: topology {topology!r}")
+  return compile_targets.devices(spec, n)
 
 
 def device(spec: str = "h200"):
-  """One compile-only CUDA device for ``spec``."""
+  """One compile-only device of target ``spec``."""
   return devices(spec)[0]
 
 
@@ -98,7 +82,8 @@ def compile_for(fn, args, *, spec: str = "h200", dump_dir: str | None = None):
   jitted = fn if hasattr(fn, "trace") else jax.jit(fn)
   options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True} if dump_dir else None
   # The default device names the GPU that Pallas's Triton lowering targets (it reads the default device's
-  # kind); the partitioner lowers custom_partitioning's kernels inside compile(), so both run under it.
+  # kind) and the platform lax.platform_dependent picks; the partitioner lowers custom_partitioning's kernels
+  # inside compile(), so both run under it.
   with jax.default_device(device(spec)):
     lowered = jitted.trace(*on_device(args, spec)).lower()
     return lowered.compile(options) if options else lowered.compile()
@@ -264,20 +249,25 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--spec", default="h200", help=f"one of {SPECS} or a gpu_target_config.pbtxt path")
+  p.add_argument("--target", "--spec", dest="spec", default="h200",
+                 help=f"one of {tuple(compile_targets.TARGETS)} or a gpu_target_config.pbtxt path")
   p.add_argument("--programs", default="quant_*,mlp_*", help="comma list of names or globs from PROGRAMS")
   p.add_argument("--json", help="write the rows (without HLO text) as JSON here")
   p.add_argument("--dump", metavar="DIR", help="keep each program's optimized HLO and XLA's dump under DIR/<program>/")
   p.add_argument("--buffers", action="store_true", help="also print the largest temp buffers per program")
   a = p.parse_args(argv)
-  reason = unavailable_reason()
+  try:
+    reason = unavailable_reason(a.spec)
+  except compile_targets.UnknownTarget as e:
+    print(f"deviceless.py: {e}", file=sys.stderr)
+    return 2
   if reason:
     print(f"deviceless.py: {reason}", file=sys.stderr)
     return 2
   names = select(a.programs, PROGRAMS)
   if not names:
     p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
-  print(f"{HEADLINE}; spec {a.spec}; jax {jax.__version__}", flush=True)
+  print(f"{HEADLINE}; target {a.spec}; jax {jax.__version__}", flush=True)
   rows = []
   for name in names:
     dump = os.path.join(a.dump, name) if a.dump else None
@@ -293,7 +283,7 @@ def main(argv=None) -> int:
       print(f"  {r['program']}: " + "; ".join(r["largest_temps"]))
   if a.json:
     with open(a.json, "w") as fh:
-      json.dump(dict(headline=HEADLINE, spec=a.spec, jax=jax.__version__, rows=rows), fh, indent=1)
+      json.dump(dict(headline=HEADLINE, spec=a.spec, target=a.spec, jax=jax.__version__, rows=rows), fh, indent=1)
   return 0
 
 

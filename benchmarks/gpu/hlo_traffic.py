@@ -5,8 +5,10 @@
 reads ``DIR/<NAME>.hlo.txt`` (the ``hlo`` stage of ``benchmarks/gpu/run.sh`` writes them, and they come
 back in ``hlo.tgz``). A kernel's traffic is the bytes of its operands plus its outputs, as counted by
 ``benchmarks/quantizer_hlo.py``; loops and calls are walked into. GEMMs are cuBLAS custom calls and
-fusions that XLA emits as Triton GEMMs. ``benchmarks/gpu/deviceless.py`` uses ``traffic`` for programs it
-compiles for an H200 spec on a CPU (compile-derived, no autotuning).
+fusions that XLA:GPU emits as Triton GEMMs, and on XLA:TPU the fusions around a convolution or dot (its matrix
+unit's kernels). ``benchmarks/gpu/deviceless.py`` uses ``traffic`` for programs it compiles for a GPU or TPU
+target on a CPU (compile-derived, no autotuning). Every buffer counts as memory traffic: on a TPU some operands
+sit in on-chip memory (``S(1)`` layouts), so there the count is an upper bound of HBM traffic.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ import quantizer_hlo as qh  # noqa: E402
 
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _METADATA = re.compile(r"metadata=\{[^}]*\}")
+_CALLS = re.compile(r"\bcalls=%?([\w.-]+)")
+_MATRIX_OPS = ("convolution", "dot")
 
 
-def kind(ins) -> str:
+def _runs_matrix_op(comps: dict, cname: str) -> bool:
+  """Whether fused computation ``cname`` (or a fusion nested in it) holds a convolution or dot."""
+  for ins in comps.get(cname, ()):
+    if ins.opcode in _MATRIX_OPS:
+      return True
+    m = _CALLS.search(ins.attrs) if ins.opcode == "fusion" else None
+    if m and _runs_matrix_op(comps, m.group(1)):
+      return True
+  return False
+
+
+def kind(ins, comps: dict | None = None) -> str:
+  """"gemm" or "other" for kernel ``ins``; ``comps`` (the module's computations) finds XLA:TPU's GEMM fusions."""
   # Not the metadata: its op names carry our function names (``_gemm2d``), on GEMMs and quantizers alike.
   attrs = _METADATA.sub("", ins.attrs).lower()
   if ins.opcode == "custom-call":
@@ -35,6 +51,13 @@ def kind(ins) -> str:
   # XLA:GPU's Triton GEMM fusions: kind=kCustom calling a gemm computation, or tagged triton_gemm.
   if ins.opcode == "fusion" and ("triton_gemm" in attrs or ("kind=kcustom" in attrs and "gemm" in attrs)):
     return "gemm"
+  if ins.opcode in _MATRIX_OPS:
+    return "gemm"
+  # XLA:TPU: the kernel of a dot is a fusion (kind=kOutput) around a convolution.
+  if ins.opcode == "fusion" and comps is not None:
+    m = _CALLS.search(ins.attrs)
+    if m and _runs_matrix_op(comps, m.group(1)):
+      return "gemm"
   return "other"
 
 
@@ -46,16 +69,17 @@ def traffic(hlo_text: str) -> dict:
 
   def walk(cname):
     for ins in comps.get(cname, []):
-      if ins.opcode in qh._FREE:
+      if qh.is_free(ins):
         continue
       alternatives = qh._called(ins)
       if alternatives and ins.opcode in ("while", "call", "conditional"):
         for c in alternatives[0]:
           walk(c)
         continue
-      k = kind(ins)
+      k = kind(ins, comps)
       kernels[k] += 1
-      moved[k] += qh._bytes([a for o in ins.operands for a in shapes.get(o, ())]) + qh._bytes(ins.outputs)
+      read, written = qh.kernel_io(ins, shapes)
+      moved[k] += qh._bytes(read) + qh._bytes(written)
 
   walk(entry)
   return {k: (kernels[k], moved[k]) for k in ("gemm", "other")}

@@ -1,15 +1,18 @@
-"""MaxText's whole train step compiled for an H100/H200 on a CPU (no GPU): time, memory and bytes per kernel class.
+"""MaxText's whole train step compiled for a GPU or TPU target on a CPU (no accelerator): time, memory, bytes per kernel class.
 
-    JAX_PLATFORMS=cpu python benchmarks/gpu/maxtext_step.py [--spec h200] [--programs 'step_*'] [--json F]
+    JAX_PLATFORMS=cpu python benchmarks/gpu/maxtext_step.py [--target h200] [--programs 'step_*'] [--json F]
 
-The same deviceless compile as ``deviceless.py`` (compile-only devices from XLA's target config, no autotuning;
-**compile-derived, not a GPU measurement**), applied to the program ``maxtext_step_bench.py`` times on a real
-GPU: MaxText's ``train_step`` (forward, backward, AdamW update) for one of the GPU presets, bf16 / fp8 / nvfp4.
-MaxText builds it as its own ahead-of-time compiler does (``trainers/pre_train/train_compile.py``:
-``get_shaped_inputs`` for the abstract state and batch, ``maxtext_utils.get_functional_train_with_signature``
-for the step and its shardings); only the mesh differs: train_compile's GPU branch takes ``jax.devices()``
-(real GPUs), here the mesh is the one compile-only H200. The plugin is registered in-process as the tests
-do, so ``quantization=nvfp4`` builds our emulated GEMMs, lowered on the ``cuda`` platform (their GPU forms).
+The same deviceless compile as ``deviceless.py`` (compile-only devices of a ``compile_targets`` target, no
+autotuning; **compile-derived, not a measurement on the device**), applied to the program
+``maxtext_step_bench.py`` times on a real GPU: MaxText's ``train_step`` (forward, backward, AdamW update) for one
+of the GPU presets or the CPU demo's tiny model, bf16 / fp8 / nvfp4. MaxText builds it as its own ahead-of-time
+compiler does (``trainers/pre_train/train_compile.py``: ``get_shaped_inputs`` for the abstract state and batch,
+``maxtext_utils.get_functional_train_with_signature`` for the step and its shardings). On a TPU target the mesh is
+train_compile's own (``get_topology_mesh`` with ``compile_topology`` = the target's MaxText slice, e.g. v5e-1)
+and the compiler options its ``jit_and_compile`` passes; on a GPU target train_compile's GPU branch takes
+``jax.devices()`` (real GPUs), so the mesh is the one compile-only GPU instead. The plugin is registered
+in-process as the tests do, so ``quantization=nvfp4`` builds our emulated GEMMs, lowered for the target's
+platform (their ``cuda`` forms on a GPU, the default forms on a TPU).
 
 Per program: trace + lower seconds and XLA:GPU compile seconds on this CPU (the MoE proxy's compile-time target
 of issue 25 is the nvfp4 / bf16 ratio of these), kernels and GiB per kernel class (GEMM / other, one pass of
@@ -43,7 +46,14 @@ sys.path.insert(0, ROOT)
 _8B = dict(model_name="llama3-8b", override_model_config="true", base_num_decoder_layers=4,
            max_target_length=4096, per_device_batch_size=2, attention="dot_product", scan_layers="false")
 _MOE = dict(base_num_decoder_layers=4)
+# The CPU demo's model (recipes/demo_base.yml: llama2-style, 4 layers, emb 128, mlp 512, seq 256, pdbs 4),
+# on synthetic data (the demo's own data is built by ``prepare-data``).
+_DEMO_NVFP4 = {"nvfp4_backend": "emulate"}
 PROGRAMS = {
+    "step_demo_bf16": ("MaxText step, the CPU demo's tiny model (recipes/demo_bf16.yml), bf16",
+                       "maxtext_nvfp4/recipes/demo_bf16.yml", {}),
+    "step_demo_nvfp4": ("the same, nvfp4 emulated, full recipe (recipes/demo_nvfp4.yml)",
+                        "maxtext_nvfp4/recipes/demo_nvfp4.yml", _DEMO_NVFP4),
     "step_8b4l_bf16": ("MaxText step, Llama 3 8B shape, 4 layers, seq 4096, pdbs 2, bf16 (gpu-llama3-8b-4layer)",
                        "base", {**_8B, "quantization": ""}),
     "step_8b4l_fp8": ("the same, quantization=fp8 (MaxText's own)", "base", {**_8B, "quantization": "fp8"}),
@@ -60,13 +70,15 @@ COMMON = dict(dataset_type="synthetic", enable_checkpointing="false", enable_goo
               tokenizer_type="sentencepiece", hardware="gpu", steps=10, run_name="deviceless")
 
 
-def _argv(name: str, overrides: list[str] = ()) -> list[str]:
+def _argv(name: str, overrides: list[str] = (), target=None) -> list[str]:
   import maxtext  # pylint: disable=import-outside-toplevel
 
   mt = os.path.dirname(maxtext.__file__)
   _, yml, keys = PROGRAMS[name]
   yml = os.path.join(mt, "configs", "base.yml") if yml == "base" else os.path.join(ROOT, yml)
   keys = {**COMMON, "tokenizer_path": os.path.join(mt, "assets", "tokenizers", "tokenizer.llama2"), **keys}
+  if target is not None and target.platform == "tpu":
+    keys.update(hardware="tpu", compile_topology=target.compile_topology, compile_topology_num_slices=1)
   keys.update(kv.split("=", 1) for kv in overrides)
   return [None, yml] + [f"{k}={v}" for k, v in keys.items()]
 
@@ -77,19 +89,27 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
   from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
   from jax.sharding import AxisType, Mesh  # pylint: disable=import-outside-toplevel
 
+  import compile_targets  # pylint: disable=import-outside-toplevel
   import deviceless  # pylint: disable=import-outside-toplevel
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
 
   maxtext_nvfp4.register()
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.pre_train import train, train_compile  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import maxtext_utils, sharding  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import max_utils, maxtext_utils, sharding  # pylint: disable=import-outside-toplevel
 
+  target = compile_targets.resolve(spec)
   dev = deviceless.device(spec)
   t0 = time.perf_counter()
-  config = pyconfig.initialize(_argv(name, overrides))
-  mesh = Mesh(maxtext_utils.create_device_mesh(config, [dev]), config.mesh_axes,
-              axis_types=(AxisType.Auto,) * len(config.mesh_axes))
+  config = pyconfig.initialize(_argv(name, overrides, target))
+  options = {}
+  if target.platform == "tpu":  # MaxText's own ahead-of-time path: its topology mesh and compiler options
+    mesh = train_compile.get_topology_mesh(config)
+    options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags)
+    dev = mesh.devices.flat[0]
+  else:
+    mesh = Mesh(maxtext_utils.create_device_mesh(config, [dev]), config.mesh_axes,
+                axis_types=(AxisType.Auto,) * len(config.mesh_axes))
   args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
   params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
   in_state = sharding.build_zero1_input_state_mesh_shardings(config, state_shardings, params_shardings)
@@ -102,9 +122,10 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
       lowered = jax.jit(fn, in_shardings=in_sh, out_shardings=out_sh, static_argnums=static,
                         donate_argnums=donate).lower(*args, **kwargs)
     t1 = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     t2 = time.perf_counter()
-  return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, jax=jax.__version__,
+  return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, target=target.name,
+              devices=mesh.devices.size, jax=jax.__version__,
               lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1), **deviceless.compiled_counts(compiled))
 
 
@@ -122,7 +143,9 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--spec", default="h200", help="h200, h100_sxm or a gpu_target_config.pbtxt path")
+  p.add_argument("--target", "--spec", dest="spec", default="h200",
+                 help="a compile_targets name (a100, h100, h200, b200, gb200, tpu-v5e, tpu-v6e, tpu-v5p) or a"
+                      " gpu_target_config.pbtxt path")
   p.add_argument("--programs", default="step_*", help=f"comma list of names or globs from {tuple(PROGRAMS)}")
   p.add_argument("--json", help="append each row as one JSON line here")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a MaxText key")
@@ -138,7 +161,7 @@ def main(argv=None) -> int:
   if not names:
     p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
 
-  print(f"{deviceless.HEADLINE}; spec {a.spec}", flush=True)
+  print(f"{deviceless.HEADLINE}; target {a.spec}", flush=True)
   rows = []
   for name in names:
     t0 = time.time()
