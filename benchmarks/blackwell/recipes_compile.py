@@ -11,12 +11,18 @@ target; ``attention: cudnn_flash_te`` gets cuDNN's F16 arbitrary-sequence backen
 reach the next). Per recipe: the step's memory per device from XLA's ``memory_analysis()`` against the target's
 HBM, lower / compile seconds and the peak host memory of the process, TE GEMMs by scaling mode and TE quantize
 calls. **Compile-derived**: nothing runs; the figures are XLA's plan for the target.
+
+XLA compiles with the flags the recipes' launcher sets (``recipes/launch/slurm_nvfp4.sbatch``: JAX-Toolbox's
+collective combine thresholds, pipelined collectives, no rematerialization pass, ...) unless ``--no-launch-flags``;
+a step fits when its memory is within the launcher's ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of the target's HBM (the
+memory JAX's allocator takes; 0.75 when unset).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import shlex
 import json
 import os
 import re
@@ -28,6 +34,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "te"))
+
+
+LAUNCHER = os.path.join(ROOT, "maxtext_nvfp4", "recipes", "launch", "slurm_nvfp4.sbatch")
+
+
+def launcher_environment() -> dict[str, str]:
+  """``XLA_FLAGS`` and ``XLA_PYTHON_CLIENT_MEM_FRACTION`` as the recipes' launcher sets them (read from it)."""
+  text = open(LAUNCHER, encoding="utf-8").read()
+  flags = re.search(r'export XLA_FLAGS="\$\{XLA_FLAGS:-\} (.*?)"', text, flags=re.S)
+  fraction = re.search(r"XLA_PYTHON_CLIENT_MEM_FRACTION:-([0-9.]+)", text)
+  return {"XLA_FLAGS": " ".join(shlex.split(flags.group(1))) if flags else "",
+          "XLA_PYTHON_CLIENT_MEM_FRACTION": fraction.group(1) if fraction else "0.75"}
 
 
 def _scaling_names() -> dict[int, str]:
@@ -61,6 +79,7 @@ def compile_one(recipe: str, topology: str, overrides: list[str]) -> dict:
   gib = 2.0 ** 30
   name = targets.parse_topology(topology)[0]
   hbm = targets.memory_bytes(name)
+  fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.75"))
   total = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
   return dict(recipe=recipe, topology=topology, overrides=overrides, backend=step.backend,
               quantization=str(step.config.quantization), layers=int(step.config.num_decoder_layers),
@@ -69,14 +88,15 @@ def compile_one(recipe: str, topology: str, overrides: list[str]) -> dict:
               host_peak_gib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
               argument_gib=round(mem.argument_size_in_bytes / gib, 2), output_gib=round(mem.output_size_in_bytes / gib, 2),
               temp_gib=round(mem.temp_size_in_bytes / gib, 2), alias_gib=round(mem.alias_size_in_bytes / gib, 2),
-              total_gib=round(total / gib, 2), hbm_gib=round(hbm / gib, 1) if hbm else None,
-              fits=bool(hbm and total <= hbm), te_gemms=dict(gemms), te_quantize=calls.get("te_dbias_quantize_ffi", 0),
+              total_gib=round(total / gib, 2), hbm_gib=round(hbm / gib, 1) if hbm else None, mem_fraction=fraction,
+              usable_gib=round(fraction * hbm / gib, 1) if hbm else None, fits=bool(hbm and total <= fraction * hbm),
+              xla_flags=os.environ.get("XLA_FLAGS", ""), te_gemms=dict(gemms), te_quantize=calls.get("te_dbias_quantize_ffi", 0),
               te_rht_amax=calls.get("te_rht_amax_ffi", 0), te_fused_attn=sum(v for k, v in calls.items() if "fused_attn" in k))
 
 
 def table(rows: list[dict]) -> str:
-  lines = ["| recipe | topology | layers | mesh | per-device GiB (temp) | HBM GiB | fits | TE GEMMs | TE quantize |"
-           " compile s | host peak GiB |", "|---|---|---:|---|---:|---:|---|---|---:|---:|---:|"]
+  lines = ["| recipe | topology | layers | mesh | per-device GiB (temp) | usable GiB (HBM x fraction) | fits | TE GEMMs |"
+           " TE quantize | compile s | host peak GiB |", "|---|---|---:|---|---:|---:|---|---|---:|---:|---:|"]
   for r in rows:
     if "error" in r:
       lines.append(f"| {r['recipe']} | {r['topology']} | | | failed: {r['error']} |||||||")
@@ -84,7 +104,7 @@ def table(rows: list[dict]) -> str:
     mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items()) or "1"
     gemms = ", ".join(f"{v} {k}" for k, v in sorted(r["te_gemms"].items())) or "none"
     lines.append(f"| {r['recipe']} | {r['topology']} | {r['layers']} | {mesh} | {r['total_gib']:.1f} ({r['temp_gib']:.1f})"
-                 f" | {r['hbm_gib']} | {'yes' if r['fits'] else 'NO'} | {gemms} | {r['te_quantize']} | {r['compile_s']}"
+                 f" | {r.get('usable_gib')} ({r['hbm_gib']} x {r.get('mem_fraction')}) | {'yes' if r['fits'] else 'NO'} | {gemms} | {r['te_quantize']} | {r['compile_s']}"
                  f" | {r['host_peak_gib']} |")
   return "\n".join(lines)
 
@@ -95,6 +115,7 @@ def main(argv=None) -> int:
   p.add_argument("--topology", default="b200-4")
   p.add_argument("--set", action="append", default=[], help="key=value override for every recipe")
   p.add_argument("--json", help="write the rows here (JSON list)")
+  p.add_argument("--no-launch-flags", action="store_true", help="compile with XLA's defaults, not the launcher's flags")
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: compile this recipe in this process
   args = p.parse_args(argv)
   if args.one:
@@ -105,7 +126,10 @@ def main(argv=None) -> int:
     cmd = [sys.executable, os.path.abspath(__file__), "--one", recipe, "--topology", args.topology]
     for kv in args.set:
       cmd += ["--set", kv]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    env = dict(os.environ)
+    if not args.no_launch_flags:
+      env.update(launcher_environment())
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     row = next((json.loads(l[4:]) for l in proc.stdout.splitlines() if l.startswith("ROW ")), None)
     if row is None:
       lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
