@@ -56,6 +56,9 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
   # Per-GEMM-role quantization statistics in MaxText's metrics, every `diagnostics_interval` steps.
   diagnostics: bool = False
   diagnostics_interval: int = 10
+  # On diagnostic steps also the high-precision gradient of the same batch and its cosine / norm ratio per GEMM
+  # role, layer and routed expert (one extra forward and backward pass on those steps; docs/diagnostics.md).
+  diagnostics_grad: bool = False
 
   def switch_step(self, total_steps: int | None) -> int | None:
     """The first step that runs in ``switch_to``, or None when the switch is off."""
@@ -84,6 +87,7 @@ KEY_HELP: dict[str, str] = {
     "seed": "int",
     "diagnostics": "bool",
     "diagnostics_interval": "int >= 1",
+    "diagnostics_grad": "bool (needs nvfp4_diagnostics)",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -162,6 +166,9 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
       raise SettingsError(f"{config_key(field)}={v!r} must be an integer >= 0")
   if s.diagnostics_interval < 1:
     raise SettingsError(f"nvfp4_diagnostics_interval={s.diagnostics_interval!r} must be >= 1")
+  if s.diagnostics_grad and not s.diagnostics:
+    raise SettingsError("nvfp4_diagnostics_grad=true needs nvfp4_diagnostics=true (it runs on the diagnostic"
+                        " steps); set both")
   kept = s.keep_first_layers + s.keep_last_layers
   if num_layers is not None and kept and kept >= num_layers:
     raise SettingsError(

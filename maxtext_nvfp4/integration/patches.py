@@ -28,6 +28,9 @@ first imported or at registration if it already is:
     eval records (every eval's first running-eval snapshot, the eval after train step 0), deleting the
     training records written so far. Now a logger truncates once, at its first record if that has step
     0 and the run starts at step 0 (a fresh run); every other record is appended.
+* ``maxtext.trainers.pre_train.train.loss_fn``, ``maxtext.layers.normalizations.RMSNorm.__call__`` and
+  ``maxtext.layers.moe.RoutedMoE.get_topk``: wrapped for the gradient fidelity and the stability telemetry
+  (:mod:`maxtext_nvfp4.integration.stability`); they trace nothing unless ``nvfp4_diagnostics`` is on.
 * ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
   ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
   precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
@@ -40,6 +43,7 @@ from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
 from maxtext_nvfp4.integration import log_filter
 from maxtext_nvfp4.integration import sparse_moe
+from maxtext_nvfp4.integration import stability
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
 
@@ -82,6 +86,9 @@ def patch_quantizations(quantizations) -> None:
         from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (JAX)
 
         return quantization.make_quantization(config, quant_mode_str=quant_mode_str)
+      from maxtext_nvfp4.integration import stability  # pylint: disable=import-outside-toplevel
+
+      stability.configure(config, grad_supported=False)  # telemetry of a BF16/FP8 run with nvfp4_diagnostics
       return orig(config, quant_mode_str=quant_mode_str)
     return configure_quantization
 
@@ -91,6 +98,12 @@ def patch_quantizations(quantizations) -> None:
 def patch_train(train) -> None:
   train.train_step = step_lib.with_step(train.train_step, training=True)
   train.eval_step = step_lib.with_step(train.eval_step)
+  stability.patch_loss_fn(train)
+
+
+def patch_moe(moe) -> None:
+  sparse_moe.patch_moe(moe)
+  stability.patch_topk(moe)
 
 
 def _merge_diagnostics(metrics, step) -> None:
@@ -104,9 +117,11 @@ def _merge_diagnostics(metrics, step) -> None:
   if not diagnostics.AGGREGATOR.armed or "scalar" not in metrics:
     return
   import jax  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import stability as core_stability  # pylint: disable=import-outside-toplevel
 
   jax.block_until_ready([v for v in metrics["scalar"].values() if isinstance(v, jax.Array)])
   metrics["scalar"].update(diagnostics.AGGREGATOR.pop(int(step)))
+  metrics["scalar"].update(core_stability.STORE.pop(int(step)))
 
 
 def patch_metric_logger(metric_logger) -> None:
@@ -146,6 +161,7 @@ PATCHES = {
     "quantizations": patch_quantizations,
     "train": patch_train,
     "metric_logger": patch_metric_logger,
-    "moe": sparse_moe.patch_moe,
+    "moe": patch_moe,
     "megablox": sparse_moe.patch_megablox,
+    "normalizations": stability.patch_rms_norm,
 }

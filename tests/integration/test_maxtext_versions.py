@@ -31,7 +31,7 @@ def test_each_adapter_is_complete_and_consistent(version, moe_block):
   # every patched module has its touched symbols listed, and a patch job
   assert set(a.patched_modules) <= {t.module for t in a.touches}
   assert set(a.patched_modules.values()) == {"types", "pyconfig", "quantizations", "train", "metric_logger", "moe",
-                                             "megablox"}
+                                             "megablox", "normalizations"}
   assert a.train_module in a.patched_modules
   # the locator names every decoder role from these signatures (each role reachable, none twice per layer)
   roles = [r for sig in a.kernel_signatures.values() for r in sig] + list(
