@@ -189,7 +189,8 @@ def patch_loss_fn(train) -> None:
         _MOE_INDEX.reset(token)
     return loss_fn
 
-  train.loss_fn = touchpoints.wrap_once(train.loss_fn, make)
+  if hasattr(train, "loss_fn"):  # a __main__ copy still executing may not define it yet (plugin.register)
+    train.loss_fn = touchpoints.wrap_once(train.loss_fn, make)
 
 
 def _path_names(path) -> tuple[str, ...]:

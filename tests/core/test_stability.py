@@ -192,3 +192,12 @@ def test_reference_pass_flag_is_scoped():
   with step_lib.reference_pass():
     assert step_lib.in_reference_pass()
   assert not step_lib.in_reference_pass()
+
+
+def test_grad_without_diagnostics_is_refused_in_one_line():
+  from maxtext_nvfp4.core import settings as settings_lib  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(settings_lib.SettingsError, match=r"^nvfp4_diagnostics_grad=true needs nvfp4_diagnostics=true"):
+    settings_lib.validate(settings_lib.Nvfp4Settings(diagnostics_grad=True))
+  settings_lib.validate(settings_lib.Nvfp4Settings(diagnostics=True, diagnostics_grad=True))
+  assert settings_lib.config_keys()["nvfp4_diagnostics_grad"] is False

@@ -36,6 +36,7 @@ NON_DEFAULT = {
     "nvfp4_seed": 7,
     "nvfp4_diagnostics": True,
     "nvfp4_diagnostics_interval": 3,
+    "nvfp4_diagnostics_grad": True,
 }
 
 

@@ -315,7 +315,7 @@ def test_user_files_are_kept_whole_unless_a_cap_is_asked_for(tmp_path, capsys):
 def test_site_packages_corpus_is_held_out_by_file_mixed_and_counted(tmp_path):
   """--corpus site-packages: files in sha256(path) order, each file's pieces in one split only, the train pieces
   interleaved across files, the same bytes twice, and the train split's tokens counted with the BPE."""
-  opts = data.PrepareOptions(corpus="site-packages", out=str(tmp_path / "a"), max_mb=0.4, max_doc_kb=2,
+  opts = data.PrepareOptions(corpus="site-packages", out=str(tmp_path / "a"), max_mb=0.25, max_doc_kb=2,
                              vocab_size=300)
   m, _ = data.prepare(opts, progress=False, log=lambda s: None)
   assert m["source"]["kind"] == "site-packages" and m["source"]["files"] == len(m["inputs"]) > 10
