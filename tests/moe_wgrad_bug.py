@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from maxtext_nvfp4.core import gemm
+from maxtext_nvfp4.integration.stability import zero_cotangent
 
 _ORIG = gemm.dot_general
 
@@ -47,22 +48,28 @@ def buggy_dot_general(lhs, rhs, dimension_numbers, **kwargs):
   (_, _), (lb, _) = dimension_numbers
   if not tuple(lb):
     return _ORIG(lhs, rhs, dimension_numbers, **kwargs)
+  # traced keyword operands (the SR key, the late switch's flag) are arguments, not closures (remat traces)
+  arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
+  static = {k: v for k, v in kwargs.items() if k not in arrays}
+
+  def call(a, b, arr):
+    return _ORIG(a, b, dimension_numbers, **static, **arr)
 
   @jax.custom_vjp
-  def f(a, b):
-    return _ORIG(a, b, dimension_numbers, **kwargs)
+  def f(a, b, arr):
+    return call(a, b, arr)
 
-  def fwd(a, b):
-    y, pull = jax.vjp(lambda p, q: _ORIG(p, q, dimension_numbers, **kwargs), a, b)
-    return y, (pull, a)
+  def fwd(a, b, arr):
+    y, pull = jax.vjp(lambda p, q: call(p, q, arr), a, b)
+    return y, (pull, a, arr)
 
   def bwd(res, g):
-    pull, a = res
+    pull, a, arr = res
     da, db = pull(g)
-    return da, swapped(db, a, g, dimension_numbers)
+    return da, swapped(db, a, g, dimension_numbers), jax.tree_util.tree_map(zero_cotangent, arr)
 
   f.defvjp(fwd, bwd)
-  return f(lhs, rhs)
+  return f(lhs, rhs, arrays)
 
 
 def install() -> None:

@@ -202,7 +202,8 @@ def _path_names(path) -> tuple[str, ...]:
   return tuple(out)
 
 
-def _zero_cotangent(x):
+def zero_cotangent(x):
+  """The zero cotangent of a ``custom_vjp`` operand: zeros of a float array, ``float0`` of an integer or key one."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -259,7 +260,7 @@ def tapped(params, aux, *, reference_grads, metas, keeps, interval: int):
 
     lax.cond(jnp.asarray(step, jnp.int32) % jnp.int32(interval) == 0, report, lambda *_: None,
              step, lax.stop_gradient(g), p, aux_[:-1])
-    return g, jax.tree_util.tree_map(_zero_cotangent, aux_)
+    return g, jax.tree_util.tree_map(zero_cotangent, aux_)
 
   tap.defvjp(fwd, bwd)
   return tap(params, aux)

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from maxtext_nvfp4.tools.comparison import Comparison, moving_average  # noqa: E402
+from maxtext_nvfp4.tools.comparison import Comparison, expert_cos_min, moving_average  # noqa: E402
 
 _COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 
@@ -189,8 +189,6 @@ def stability_figure(c: Comparison) -> Figure:
   and the lowest expert cosine per step (dashed); middle: the residual stream's RMS, smallest and largest over
   layers (log y); bottom: the MoE load imbalance, largest over layers. gids: ``cos:NAME``, ``expert_cos:NAME``,
   ``rms_min:NAME``, ``rms_max:NAME``, ``load:NAME``."""
-  from maxtext_nvfp4.tools import report  # pylint: disable=import-outside-toplevel
-
   fig = Figure(figsize=(10, 8), dpi=100)
   FigureCanvasAgg(fig)
   top, mid, bottom = fig.subplots(3, 1, sharex=True)
@@ -207,7 +205,7 @@ def stability_figure(c: Comparison) -> Figure:
   for i, res in enumerate(c.results):
     d, name = res.run.diagnostics, res.run.name
     drawn[top] |= draw(top, d.get("nvfp4/model/dw_cos", []), i, f"cos:{name}", f"{name}: model")
-    drawn[top] |= draw(top, report.expert_cos_min(d), i, f"expert_cos:{name}", f"{name}: lowest expert", "--")
+    drawn[top] |= draw(top, expert_cos_min(d), i, f"expert_cos:{name}", f"{name}: lowest expert", "--")
     drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_min", []), i, f"rms_min:{name}", f"{name}: min over layers", "--")
     drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_max", []), i, f"rms_max:{name}", f"{name}: max over layers")
     drawn[bottom] |= draw(bottom, d.get("nvfp4/moe/load_max", []), i, f"load:{name}", name)

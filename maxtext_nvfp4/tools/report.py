@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from maxtext_nvfp4.tools.comparison import (INSUFFICIENT, MIN_OVERLAP_FRACTION, MIN_OVERLAP_STEPS, PUBLISHED_GAP,
-                                            Comparison)
+                                            Comparison, expert_cos_min)
 
 FLOPS_NOTE = ("TFLOP/s/device is MaxText's analytic count: quantized (FP8/NVFP4) GEMMs are counted as "
               "bf16-equivalent FLOPs, so it measures speed, not low-precision FLOP rate.")
@@ -113,16 +113,6 @@ STABILITY_KEYS = ("nvfp4/model/dw_cos", "nvfp4/residual/rms_span", "nvfp4/moe/lo
 def has_stability(c: Comparison) -> bool:
   """Some run recorded the gradient fidelity or the stability telemetry (``nvfp4_diagnostics``)."""
   return any(k in r.run.diagnostics for r in c.results for k in STABILITY_KEYS)
-
-
-def expert_cos_min(diagnostics: dict) -> list[tuple[int, float]]:
-  """``(step, min over experts of nvfp4/expert_<e>/dw_cos)`` per step (empty without per-expert keys)."""
-  by_step: dict[int, float] = {}
-  for k, series in diagnostics.items():
-    if k.startswith("nvfp4/expert_") and k.endswith("/dw_cos"):
-      for s, v in series:
-        by_step[s] = min(by_step.get(s, math.inf), v)
-  return sorted(by_step.items())
 
 
 def stability_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
