@@ -632,7 +632,13 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
     (evals if held_out else train).append(d)
     if site and not held_out:
       train_order.append((_path_rank(f"{piece_of[i][0]}#{piece_of[i][1]}"), piece_of[i]))
-  if site:  # a mixture of all packages in every window of the stream (module docstring)
+  if site:
+    if not evals:  # no file hashed into eval (a tiny corpus): the last file goes there whole (held out by file)
+      last = piece_of[-1][0]
+      keep = [i for i, (_, (rel, _)) in enumerate(train_order) if rel != last]
+      evals = [d for (_, (rel, _)), d in zip(train_order, train) if rel == last]
+      train, train_order = [train[i] for i in keep], [train_order[i] for i in keep]
+    # a mixture of all packages in every window of the stream (module docstring)
     train = [d for _, d in sorted(zip(train_order, train), key=lambda x: x[0])]
   if not evals:
     evals.append(train.pop())

@@ -333,7 +333,8 @@ def test_site_packages_corpus_is_held_out_by_file_mixed_and_counted(tmp_path):
   held = {r for r in rels if data._path_rank(f"split:{r}") / 2**32 < opts.eval_fraction}  # pylint: disable=protected-access
   train, evals = _rows(opts.out, "train"), _rows(opts.out, "eval")
   owner = lambda piece: next(r for r, t in texts.items() if piece in t)  # noqa: E731
-  assert {owner(p) for p in evals} <= held and not {owner(p) for p in train} & held
+  eval_files, train_files = {owner(p) for p in evals}, {owner(p) for p in train}
+  assert held <= eval_files and not train_files & eval_files  # (a corpus hashing no file into eval: its last file)
   assert all(len(p) <= 2 * 1024 for p in train + evals)  # characters, cut at line ends
   # interleaved: consecutive train pieces mostly come from different files
   owners = [owner(p) for p in train[:60]]
