@@ -34,7 +34,12 @@ Every number, in order (``docs/compare.md`` repeats them):
   Ultra's divergence) or its resolved rise is at least ``telemetry_rise_rel`` (default 1.0: doubling) times its
   fitted start; **expert load concentrating** for ``nvfp4/moe/load_max`` and ``nvfp4/moe_<k>/load`` (tokens of
   the busiest expert over the mean) when its level reaches ``load_max`` (default 8; Nemotron's first layer: 12)
-  or its resolved rise is at least ``telemetry_rise_rel`` times its fitted start. :func:`first_warning` applies the rule to growing
+  or its resolved rise is at least ``telemetry_rise_rel`` times its fitted start; **routed experts lagging**
+  (:func:`expert_lag`) when, averaged over the last ``LAG_SAMPLES`` diagnostic steps, the mean ``dw_cos`` of the
+  attention groups minus the lowest ``dw_cos`` of the routed-expert groups is at least ``expert_lag`` (default
+  0.1): the experts run the same recipe as the attention GEMMs, so their gradients should point as well; a bug in
+  the experts' own path (a per-expert scale or layout) shows there at once, while the whole model's cosine barely
+  moves. :func:`first_warning` applies the rule to growing
   prefixes of the run (every ``every`` common steps) and returns the first step at which it fires.
 """
 
@@ -52,6 +57,7 @@ UNDERFLOW_SUFFIX = "_underflow"
 COS_SUFFIXES = ("/dw_cos", "/dw_cos_min")
 RMS_SPAN_KEY = "nvfp4/residual/rms_span"
 LOAD_SUFFIXES = ("/load", "/load_max")
+LAG_SAMPLES = 5
 # Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom (beyond: normal + 2.4 / dof).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -81,6 +87,8 @@ class Rule:
   rms_span_max: float = 1000.0
   load_max: float = 8.0
   telemetry_rise_rel: float = 1.0
+  # Routed experts' dw_cos this far below the attention groups' (averaged over the last LAG_SAMPLES samples) warns.
+  expert_lag: float = 0.1
   # Fraction of the common steps dropped before the converged part.
   converged_from: float = 0.2
   # Window width in steps (None: max(MIN_WINDOW, ceil(n_conv / TARGET_WINDOWS))).
@@ -258,8 +266,23 @@ class Drift:
   rule: Rule
 
 
-def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule) -> list[Warning_]:
-  """The early-warning rule (module doc) on one analysis."""
+def expert_lag(diagnostics: dict[str, list[tuple[int, float]]], *, until: int | None = None) -> float | None:
+  """Mean over the last :data:`LAG_SAMPLES` steps (``<= until``) that have every ``nvfp4/attention*/dw_cos`` and
+  ``nvfp4/experts*/dw_cos`` key of ``mean(attention cosines) - min(expert cosines)``; None without both kinds."""
+  att = [dict(v) for k, v in diagnostics.items() if k.startswith("nvfp4/attention") and k.endswith("/dw_cos")]
+  exp = [dict(v) for k, v in diagnostics.items() if k.startswith("nvfp4/experts") and k.endswith("/dw_cos")]
+  if not att or not exp:
+    return None
+  steps = sorted(set.intersection(*(set(d) for d in att + exp)))
+  steps = [s for s in steps if until is None or s <= until][-LAG_SAMPLES:]
+  if not steps:
+    return None
+  lags = [math.fsum(d[s] for d in att) / len(att) - min(d[s] for d in exp) for s in steps]
+  return math.fsum(lags) / len(lags)
+
+
+def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule, lag: float | None = None) -> list[Warning_]:
+  """The early-warning rule (module doc) on one analysis (``lag``: :func:`expert_lag` of its diagnostics)."""
   out = []
   t = gap.trend
   if t is not None and t.resolved and t.slope > 0 and t.rise >= rule.gap_rise:
@@ -270,6 +293,9 @@ def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule) -> list[W
     w = _diag_warning(d, rule)
     if w is not None:
       out.append(w)
+  if lag is not None and lag >= rule.expert_lag:
+    out.append(Warning_(what="experts_lag", why=f"routed experts' gradient cosine {lag:.3f} below the attention "
+                                                f"GEMMs' (>= {rule.expert_lag:g}): a bug in the experts' own path?"))
   return out
 
 
@@ -318,7 +344,7 @@ def analyze(run_loss: dict[int, float], base_loss: dict[int, float],
   gap = gap_drift(steps, gaps, rule)
   diags = tuple(d for d in (diag_trend(k, v, from_step=gap.converged_start) for k, v in sorted(diagnostics.items()))
                 if d is not None)
-  warns = warnings_of(gap, diags, rule)
+  warns = warnings_of(gap, diags, rule, expert_lag(diagnostics, until=steps[-1] if steps else None))
   first = first_warning(steps, gaps, diagnostics, rule, every=every) if warns else None
   return Drift(gap=gap, diagnostics=diags, warnings=tuple(warns), first_warning_step=first, rule=rule)
 
@@ -336,7 +362,7 @@ def first_warning(steps: Sequence[int], gaps: Sequence[float], diagnostics: dict
     last = ps[-1]
     ds = [d for d in (diag_trend(k, [(s, v) for s, v in series if s <= last], from_step=g.converged_start)
                       for k, series in diagnostics.items() if watched(k)) if d is not None]
-    if warnings_of(g, ds, rule):
+    if warnings_of(g, ds, rule, expert_lag(diagnostics, until=last)):
       return last
     if end == n:
       break

@@ -181,7 +181,9 @@ def drift_lines(c: Comparison) -> list[str]:
          f"{rule.underflow_rise_abs:g}); a `*/dw_cos` or `*/dw_cos_min` gradient-fidelity cosine's trend resolved, "
          f"negative, falling by ≥ {rule.cos_fall:g}; `nvfp4/residual/rms_span` at ≥ {rule.rms_span_max:g} or an "
          f"`nvfp4/moe*/load*` imbalance at ≥ {rule.load_max:g} (fitted level at the last step), or either rising by "
-         f"≥ {rule.telemetry_rise_rel:g} × its fitted start (docs/diagnostics.md). *First warning*: the first step at "
+         f"≥ {rule.telemetry_rise_rel:g} × its fitted start; the routed experts' lowest `dw_cos` ≥ {rule.expert_lag:g} "
+         "below the attention groups' mean over the last samples (`experts_lag`) (docs/diagnostics.md). *First "
+         "warning*: the first step at "
          "which the rule fires on the run so far.",
          "", _md_table(
              ["run", "window (steps)", "windows", "first window gap", "last window gap",

@@ -120,6 +120,27 @@ def test_falling_gradient_fidelity_and_telemetry_warn_and_steady_ones_do_not():
   assert drift.watched("nvfp4/layer_2/dw_cos") and not drift.watched("nvfp4/model/dw_norm_ratio")
 
 
+def test_routed_experts_lagging_the_attention_gemms_warn():
+  """A bug in the experts' own path (the injected wgrad scale swap: experts ~0.73 while attention stays ~0.93)
+  warns from the first samples; experts as good as attention do not."""
+  base = base_loss()
+  flat = run_of(gap_series(3), base)
+  r = random.Random(9)
+  steps = range(0, N, 100)
+
+  def diags(experts):
+    return {"nvfp4/attention_first/dw_cos": [(s, 0.93 + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/attention_last/dw_cos": [(s, 0.92 + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/experts_first/dw_cos": [(s, experts + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/experts_last/dw_cos": [(s, experts + 0.01 + r.gauss(0, 0.005)) for s in steps]}
+  bad = drift.analyze(flat, base, diags(0.73))
+  assert [w.what for w in bad.warnings] == ["experts_lag"] and bad.first_warning_step is not None
+  assert bad.first_warning_step <= 100  # the first prefix the rule looks at
+  assert drift.expert_lag(diags(0.73)) == pytest.approx(0.925 - 0.73, abs=0.01)
+  assert not drift.analyze(flat, base, diags(0.92)).warnings
+  assert drift.expert_lag({"nvfp4/attention/dw_cos": [(0, 0.9)]}) is None  # no experts: no lag
+
+
 def test_short_runs_have_no_trend():
   base = base_loss(n=40)
   d = drift.analyze(run_of(gap_series(0, n=40), base), base)
