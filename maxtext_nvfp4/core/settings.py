@@ -66,6 +66,9 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
   diagnostics_interval: int = 10
   # Quantization-aware training mode (QAT_MODES): full | forward | serving.
   qat: str = "full"
+  # On diagnostic steps also the high-precision gradient of the same batch and its cosine / norm ratio per GEMM
+  # role, layer and routed expert (one extra forward and backward pass on those steps; docs/diagnostics.md).
+  diagnostics_grad: bool = False
 
   def gemm_options(self) -> recipe_options.RecipeOptions:
     """The recipe options an NVFP4 GEMM runs with: the ``nvfp4_*`` options, with ``backward_override =
@@ -112,6 +115,7 @@ KEY_HELP: dict[str, str] = {
     "diagnostics": "bool",
     "diagnostics_interval": "int >= 1",
     "qat": "full | forward | serving",
+    "diagnostics_grad": "bool (needs nvfp4_diagnostics)",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -194,6 +198,9 @@ def validate(s: Nvfp4Settings, *, num_layers: int | None = None, steps: int | No
       raise SettingsError(f"{config_key(field)}={v!r} must be an integer >= 0")
   if s.diagnostics_interval < 1:
     raise SettingsError(f"nvfp4_diagnostics_interval={s.diagnostics_interval!r} must be >= 1")
+  if s.diagnostics_grad and not s.diagnostics:
+    raise SettingsError("nvfp4_diagnostics_grad=true needs nvfp4_diagnostics=true (it runs on the diagnostic"
+                        " steps); set both")
   kept = s.keep_first_layers + s.keep_last_layers
   if num_layers is not None and kept and kept >= num_layers:
     raise SettingsError(

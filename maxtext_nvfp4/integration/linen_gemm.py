@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 from maxtext_nvfp4.integration import mesh_scope
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import traced
 
 
@@ -59,8 +60,9 @@ def linen_module_class():
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
       del kwargs  # e.g. MaxText's mutable=["aqt"] is consumed by Linen apply, nothing else is expected
       # recipe None: plain BF16. Initializing: DenseGeneral's dummy lazy_init call, whose output is
-      # discarded (no variables to create), so skip the emulation's cost (same shape and dtype).
-      if self.recipe is None or self.is_initializing():
+      # discarded (no variables to create), so skip the emulation's cost (same shape and dtype). The
+      # gradient-fidelity reference pass: MaxText's plain GEMM too.
+      if self.recipe is None or self.is_initializing() or step_lib.in_reference_pass():
         return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                    preferred_element_type=preferred_element_type)
       from maxtext_nvfp4.core import gemm  # pylint: disable=import-outside-toplevel
@@ -125,7 +127,7 @@ def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=N
 
   def einsum(eqn, lhs, rhs, *args, **kwargs):
     del args, kwargs  # MaxText drops einsum kwargs (precision) on its quantized path too
-    if recipe is None:
+    if recipe is None or step_lib.in_reference_pass():  # plain BF16, or the gradient-fidelity reference pass
       return jnp.einsum(eqn, lhs, rhs)
     from maxtext_nvfp4.core import grouped_gemm  # pylint: disable=import-outside-toplevel
 

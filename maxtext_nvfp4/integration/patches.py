@@ -37,6 +37,9 @@ first imported or at registration if it already is:
 * ``maxtext.layers.attentions.Attention.__call__`` / ``maxtext.layers.linears.MlpBlock.__call__``: under
   ``nvfp4_qat=serving`` they publish their projections' kernels as stored, the fp32 weights the export
   quantizes (:mod:`maxtext_nvfp4.integration.serving_layout`); otherwise MaxText's own call.
+* ``maxtext.trainers.pre_train.train.loss_fn``, ``maxtext.layers.normalizations.RMSNorm.__call__`` and
+  ``maxtext.layers.moe.RoutedMoE.get_topk``: wrapped for the gradient fidelity and the stability telemetry
+  (:mod:`maxtext_nvfp4.integration.stability`); they trace nothing unless ``nvfp4_diagnostics`` is on.
 * ``maxtext.layers.moe.RoutedMoE.sparse_matmul`` and ``maxtext.kernels.megablox.gmm``: inside a
   ``sparse_matmul`` call of a layer quantized by us, the grouped GEMM runs each expert's GEMM in its planned
   precision (:mod:`maxtext_nvfp4.integration.sparse_moe`); everywhere else MaxText's own, unchanged.
@@ -52,6 +55,7 @@ from maxtext_nvfp4.integration import log_filter
 from maxtext_nvfp4.integration import posttrain
 from maxtext_nvfp4.integration import serving_layout
 from maxtext_nvfp4.integration import sparse_moe
+from maxtext_nvfp4.integration import stability
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
 
@@ -94,6 +98,9 @@ def patch_quantizations(quantizations) -> None:
         from maxtext_nvfp4.integration import quantization  # pylint: disable=import-outside-toplevel  (JAX)
 
         return quantization.make_quantization(config, quant_mode_str=quant_mode_str)
+      from maxtext_nvfp4.integration import stability  # pylint: disable=import-outside-toplevel
+
+      stability.configure(config, grad_supported=False)  # telemetry of a BF16/FP8 run with nvfp4_diagnostics
       return orig(config, quant_mode_str=quant_mode_str)
     return configure_quantization
 
@@ -103,6 +110,12 @@ def patch_quantizations(quantizations) -> None:
 def patch_train(train) -> None:
   train.train_step = step_lib.with_step(train.train_step, training=True)
   train.eval_step = step_lib.with_step(train.eval_step)
+  stability.patch_loss_fn(train)
+
+
+def patch_moe(moe) -> None:
+  sparse_moe.patch_moe(moe)
+  stability.patch_topk(moe)
 
 
 def _merge_diagnostics(metrics, step) -> None:
@@ -116,9 +129,11 @@ def _merge_diagnostics(metrics, step) -> None:
   if not diagnostics.AGGREGATOR.armed or "scalar" not in metrics:
     return
   import jax  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import stability as core_stability  # pylint: disable=import-outside-toplevel
 
   jax.block_until_ready([v for v in metrics["scalar"].values() if isinstance(v, jax.Array)])
   metrics["scalar"].update(diagnostics.AGGREGATOR.pop(int(step)))
+  metrics["scalar"].update(core_stability.STORE.pop(int(step)))
 
 
 def patch_metric_logger(metric_logger) -> None:
@@ -165,10 +180,11 @@ PATCHES = {
     "quantizations": patch_quantizations,
     "train": patch_train,
     "metric_logger": patch_metric_logger,
-    "moe": sparse_moe.patch_moe,
+    "moe": patch_moe,
     "megablox": sparse_moe.patch_megablox,
     "accelerators": patch_accelerators,
     "distill": posttrain.patch_distill,
     "serving_attention": serving_layout.patch_attention,
     "serving_mlp": serving_layout.patch_mlp,
+    "normalizations": stability.patch_rms_norm,
 }

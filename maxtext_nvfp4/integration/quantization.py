@@ -57,6 +57,9 @@ def make_quantization(config, quant_mode_str: str = "train"):
   locator = plan_lib.GemmLocator(num_layers=layout.num_layers, num_activations=layout.num_activations,
                                  scan_layers=layout.scan_layers, moe_layers=layout.moe_layers or None,
                                  signatures=facts.kernel_signatures, up_projection_axes=facts.up_projection_axes)
+  from maxtext_nvfp4.integration import stability  # pylint: disable=import-outside-toplevel
+
+  stability.configure(config, grad_supported=choice.name != "te")
   if choice.name == "te":
     if s.diagnostics:
       log_once("maxtext-nvfp4: nvfp4_diagnostics is available with the emulation backend only; no nvfp4/*"

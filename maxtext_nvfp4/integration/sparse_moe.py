@@ -59,6 +59,7 @@ from typing import Any
 
 from maxtext_nvfp4.core import settings as settings_lib
 from maxtext_nvfp4.integration import moe_refusals
+from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
 from maxtext_nvfp4.integration import traced
 
@@ -138,7 +139,7 @@ def patch_moe(moe) -> None:
       if expert_gemms is None:  # not ours (MaxText's own quantization, or none)
         return orig(self, *args, **kwargs)
       gemms = expert_gemms()  # always located: keeps the per-trace count aligned (plan.GemmLocator)
-      if all(g.recipe is None for g in gemms):
+      if all(g.recipe is None for g in gemms) or step_lib.in_reference_pass():  # the fidelity's reference: plain
         return orig(self, *args, **kwargs)
       ep = int(self.get_expert_parallelism_size())
       if ep > 1:  # e.g. ici_expert_parallelism=-1 resolved on the mesh (the config-time check saw -1)

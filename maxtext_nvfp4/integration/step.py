@@ -4,6 +4,10 @@ MaxText's ``train_step`` / ``eval_step`` are wrapped (:func:`with_step`, install
 :mod:`maxtext_nvfp4.integration.plugin`) to publish ``state.optimizer.step`` -- the step being computed,
 a traced int scalar -- in a context variable that the emulated dot_general reads at trace time.
 ``train_step`` also marks the trace as a training step, the only place diagnostics are taken.
+
+:func:`reference_pass` marks the high-precision pass of the gradient-fidelity diagnostic
+(:mod:`maxtext_nvfp4.integration.stability`): inside it every emulated GEMM runs as MaxText's plain GEMM and
+no statistic is taken.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from maxtext_nvfp4.integration import touchpoints
 _STEP: contextvars.ContextVar[Any] = contextvars.ContextVar("maxtext_nvfp4_step", default=None)
 # True while a (wrapped) train_step is traced: NVFP4 diagnostics are taken there only (not in eval_step).
 _TRAINING: contextvars.ContextVar[bool] = contextvars.ContextVar("maxtext_nvfp4_training", default=False)
+# True while the gradient-fidelity diagnostic traces its high-precision reference pass.
+_REFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("maxtext_nvfp4_reference", default=False)
 
 
 def current_step() -> Any:
@@ -29,6 +35,22 @@ def current_step() -> Any:
 def in_train_step() -> bool:
   """Whether the code being traced is inside a wrapped ``train_step`` (see :func:`step_context`)."""
   return _TRAINING.get()
+
+
+def in_reference_pass() -> bool:
+  """Whether the code being traced is the gradient-fidelity diagnostic's high-precision pass: every
+  emulated GEMM is then MaxText's plain one (the path of ``recipe is None``) and no statistic is taken."""
+  return _REFERENCE.get()
+
+
+@contextlib.contextmanager
+def reference_pass():
+  """Trace the block as the high-precision reference pass (see :func:`in_reference_pass`)."""
+  token = _REFERENCE.set(True)
+  try:
+    yield
+  finally:
+    _REFERENCE.reset(token)
 
 
 @contextlib.contextmanager

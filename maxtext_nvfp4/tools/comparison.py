@@ -302,3 +302,13 @@ def compare_runs(runs: Sequence[Run], opts: Options = Options(), *, label: str =
   else:
     overall = "FAIL" if "FAIL" in verdicts else INSUFFICIENT if INSUFFICIENT in verdicts else "PASS"
   return Comparison(results=tuple(results), options=opts, smooth=smooth, verdict=overall, label=label)
+
+
+def expert_cos_min(diagnostics: dict) -> list[tuple[int, float]]:
+  """``(step, min over experts of nvfp4/expert_<e>/dw_cos)`` per step (empty without per-expert keys)."""
+  by_step: dict[int, float] = {}
+  for k, series in diagnostics.items():
+    if k.startswith("nvfp4/expert_") and k.endswith("/dw_cos"):
+      for s, v in series:
+        by_step[s] = min(by_step.get(s, math.inf), v)
+  return sorted(by_step.items())

@@ -15,13 +15,24 @@ Sources:
 * ``embedded`` (default): the ``*.py`` sources of this Python's standard library (``sysconfig`` stdlib
   path), walked in sorted order, skipping test/site-packages/cache dirs and files over ``--max-file-kb``,
   until ``--max-mb`` of text is collected (default 8). One document per file. Real text that is always present.
+* ``--corpus site-packages``: the ``*.py`` sources of this Python's installed packages (``sysconfig``
+  purelib and platlib), for runs too long for the standard library: no download, present wherever the project
+  is installed. Files under test directories, over ``--max-file-kb`` or byte-identical to one already taken
+  (vendored copies) are skipped; files are taken in the order of ``sha256(relative path)`` (a spread over
+  all packages, stable when packages are added) until ``--max-mb``. Each file is cut at line boundaries into
+  ``--max-doc-kb`` pieces (default 8 here); *every piece of a file goes to the same split* (eval iff
+  ``sha256("split:" + relative path)`` < ``--eval-fraction``, as below: held out by file), and the train pieces are stored in the
+  order of ``sha256(path#piece)``, so the stream MaxText reads (whose shuffle is a 100-row window) is a
+  mixture of all packages, not one package after another. The manifest's ``train_tokens`` counts the train
+  split in the BPE's tokens and ``steps_without_repeat`` how many demo steps (4 x 256 tokens) it lasts.
+  Built for the 10,001-step study: ``prepare-data --corpus site-packages --max-mb 48`` (``docs/compare.md``).
 * ``--input PATH ...``: local files or directories: ``*.jsonl`` / ``*.json`` (JSON lines with a ``text``
   field, e.g. C4 shards), the same gzip-compressed (``*.json.gz``, ``*.jsonl.gz``), and plain text (any
   other suffix except known binary/compressed ones; one document per file, cut at line boundaries into
   ``--max-doc-kb`` pieces, and a longer line into ``--max-doc-kb`` pieces of its own). Kept whole unless
   ``--max-mb`` is given; when that cap drops text, a line says how much was kept of how much.
 
-Split: document ``d`` goes to eval iff ``int(sha256(d)[:8], 16) / 2**32 < eval_fraction`` (stable under
+Split (stdlib and ``--input``): document ``d`` goes to eval iff ``int(sha256(d)[:8], 16) / 2**32 < eval_fraction`` (stable under
 reordering and corpus growth); if that leaves a split empty, the last document is moved.
 ``content_sha256`` = sha256 over the documents used, in order, each as ``sha256(d).hexdigest() + "\\n"``:
 it changes exactly when the extracted text does (e.g. another ``--text-field``).
@@ -59,6 +70,11 @@ from typing import Iterable, Iterator
 from maxtext_nvfp4.tools import cli
 
 FORMAT_VERSION = 2  # 2: content_sha256 over the documents; BPE pre-tokens capped at RUN_CAP characters
+CORPORA = ("stdlib", "site-packages")
+# Piece size (KB) of the site-packages corpus when --max-doc-kb is not given.
+SITE_PACKAGES_DOC_KB = 8
+# Tokens one CPU-demo training step reads (per_device_batch_size 4 x max_target_length 256 of demo_base.yml).
+DEMO_TOKENS_PER_STEP = 4 * 256
 PROG = "maxtext-nvfp4 prepare-data"
 DEFAULT_OUT = os.path.join("data", "embedded")  # relative to the working dir; the demo recipes use it
 # Directories never taken from the stdlib: tests are repetitive fixtures, the rest is not stdlib text.
@@ -81,8 +97,12 @@ class DataError(Exception):
 class PrepareOptions:
   """Everything that determines the output of :func:`prepare`. Recorded verbatim in the manifest."""
 
-  # Input files/dirs; empty means the embedded standard-library corpus.
+  # Input files/dirs; empty means an embedded corpus (``corpus``).
   inputs: tuple[str, ...] = ()
+  # Embedded corpus when ``inputs`` is empty: "stdlib" (this Python's standard library) or "site-packages"
+  # (this Python's installed packages; module docstring).
+  corpus: str = "stdlib"
+
   # Output directory (created if missing).
   out: str = DEFAULT_OUT
   # Cap on the total text collected, in MB (1e6 characters of UTF-8 bytes); <= 0 means no cap.
@@ -131,6 +151,64 @@ def _embedded_files(opts: PrepareOptions) -> list[str]:
         return chosen
       chosen.append(path)
       total += size
+  return chosen
+
+
+# Directories and files never taken from site-packages: tests are repetitive fixtures; caches are not text.
+_SITE_SKIP_DIRS = {"test", "tests", "testing", "idle_test", "__pycache__"}
+
+
+def site_packages_dirs() -> list[str]:
+  """This Python's package directories (purelib, then platlib when it differs), those that exist."""
+  paths = sysconfig.get_paths()
+  return [d for d in dict.fromkeys((paths["purelib"], paths["platlib"])) if os.path.isdir(d)]
+
+
+def _path_rank(text: str) -> int:
+  """``int(sha256(text)[:8], 16)``: the order and split key of the site-packages corpus."""
+  return int(hashlib.sha256(text.encode("utf-8")).hexdigest()[:8], 16)
+
+
+def _site_packages_files(opts: PrepareOptions) -> list[tuple[str, str]]:
+  """``(path, relative path)`` of the site-packages corpus: every ``*.py`` outside test directories, at most
+  ``--max-file-kb``, in the order of :func:`_path_rank` of the relative path (ties: the path), files
+  byte-identical to an earlier one skipped, until ``--max-mb``."""
+  roots = site_packages_dirs()
+  if not roots:
+    raise DataError("site-packages corpus: no package directory found (sysconfig purelib/platlib); pass --input "
+                    "FILES")
+  found = []
+  for root in roots:
+    for dirpath, dirnames, filenames in os.walk(root):
+      dirnames[:] = sorted(d for d in dirnames if d not in _SITE_SKIP_DIRS and not d.startswith("."))
+      for name in filenames:
+        if not name.endswith(".py") or name.startswith("test_") or name.endswith("_test.py"):
+          continue
+        path = os.path.join(dirpath, name)
+        rel = os.path.relpath(path, root)
+        if rel not in found and os.path.isfile(path):
+          found.append((rel, path))
+  found.sort(key=lambda rp: (_path_rank(rp[0]), rp[0]))
+  cap = opts.max_mb * 1e6 if opts.max_mb > 0 else math.inf
+  chosen, seen, total = [], set(), 0
+  for rel, path in found:
+    size = os.path.getsize(path)
+    if size == 0 or size > opts.max_file_kb * 1024:
+      continue
+    with open(path, "rb") as f:
+      raw = f.read()
+    digest = hashlib.sha256(raw).digest()
+    try:
+      raw.decode("utf-8")
+    except UnicodeDecodeError:  # a few legacy sources are Latin-1: skipped, not an error
+      continue
+    if digest in seen:
+      continue
+    if total + size > cap:
+      break
+    seen.add(digest)
+    chosen.append((path, rel))
+    total += size
   return chosen
 
 
@@ -233,7 +311,7 @@ def _file_documents(path: str, opts: PrepareOptions) -> Iterator[str]:
         raise DataError(f"{path}:{lineno}: JSON line has no string field {opts.text_field!r}")
       if obj[opts.text_field].strip():
         yield obj[opts.text_field]
-  elif opts.inputs:
+  elif opts.inputs or opts.corpus == "site-packages":
     piece, size, limit = [], 0, opts.max_doc_kb * 1024
     for whole in text.splitlines(keepends=True):
       for line in (whole[i:i + limit] for i in range(0, len(whole), limit)):  # a long line: limit-sized cuts
@@ -349,6 +427,18 @@ def _train_bpe(out_dir: str, docs: list[str], vocab_size: int, *, recorded_dir: 
           "sha256": _sha256_file(os.path.join(out_dir, "tokenizer.json"))}
 
 
+def _count_tokens(tokenizer_json: str, docs: list[str]) -> int:
+  """Tokens of ``docs`` under the BPE, without the ``<s>``/``</s>`` each document gains: a lower bound on the
+  tokens MaxText reads from them."""
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+
+  tok = Tokenizer.from_file(tokenizer_json)
+  total = 0
+  for i in range(0, len(docs), 1024):
+    total += sum(len(e.ids) for e in tok.encode_batch(docs[i:i + 1024], add_special_tokens=False))
+  return total
+
+
 def _llama3_asset() -> str:
   src = os.path.join(maxtext_tokenizer_assets(), "tokenizer_llama3.tiktoken")
   if not os.path.isfile(src):
@@ -393,6 +483,8 @@ def _options_record(opts: PrepareOptions) -> dict:
   d = dataclasses.asdict(opts)
   d["inputs"] = [os.path.abspath(p) for p in opts.inputs]
   d["out"] = os.path.abspath(opts.out)
+  if d["corpus"] == "stdlib":  # recorded only when not the default: earlier manifests stay up to date
+    del d["corpus"]
   return d
 
 
@@ -432,6 +524,10 @@ def _check_options(opts: PrepareOptions) -> None:
   for flag, value, ok, need in numbers:
     if not (math.isfinite(value) and ok):
       raise DataError(f"{flag}={value:g} must be {need}")
+  if opts.corpus not in CORPORA:
+    raise DataError(f"--corpus={opts.corpus!r} is not allowed; choose one of: {', '.join(CORPORA)}")
+  if opts.inputs and opts.corpus != "stdlib":
+    raise DataError(f"--corpus {opts.corpus} and --input exclude each other; drop one")
   if opts.tokenizer not in ("bpe", "llama3", "none"):
     raise DataError(f"--tokenizer={opts.tokenizer!r} is not allowed; choose one of: bpe, llama3, none")
   if not opts.text_field:
@@ -465,10 +561,16 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
   log = log or (lambda msg: print(msg, file=sys.stderr))
   _check_options(opts)
   embedded = not opts.inputs
-  files = _embedded_files(opts) if embedded else _expand_inputs(opts.inputs)
+  site = embedded and opts.corpus == "site-packages"
+  rel_of = {}  # site-packages: path -> relative path (the split and order key)
+  if site:
+    rel_of = dict(_site_packages_files(opts))
+    files = list(rel_of)
+  else:
+    files = _embedded_files(opts) if embedded else _expand_inputs(opts.inputs)
   if not files:
-    raise DataError("embedded corpus: no standard-library sources under the size caps; raise --max-file-kb "
-                    "or --max-mb" if embedded else "no input files")
+    raise DataError(f"embedded corpus: no {'site-packages' if site else 'standard-library'} sources under the size"
+                    " caps; raise --max-file-kb or --max-mb" if embedded else "no input files")
   out = os.path.abspath(opts.out)
   _check_out(out, opts.inputs, [] if embedded else files)
   build, previous = _build_paths(out)
@@ -486,6 +588,7 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
   bar = _Progress(min(sum(s["size"] for s in signature), cap), "prepare-data: reading")
   bar.enabled = progress
   docs, total = [], 0
+  piece_of = []  # site-packages: (relative path, piece index) of each document
   inputs_record, full = [], False
   try:
     for path in files:
@@ -495,12 +598,15 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
         if total + size > cap and docs:
           full = True
           break
+        if site:
+          piece_of.append((rel_of[path], len(docs) - n_before))
         docs.append(doc)
         total += size
         bar.update(size)
       if not embedded and len(docs) == n_before and not full:
         raise DataError(f"{path}: no text documents (empty file or only blank {opts.text_field!r} fields)")
-      inputs_record.append({"path": os.path.relpath(path, stdlib_dir()) if embedded else os.path.abspath(path),
+      recorded = rel_of[path] if site else os.path.relpath(path, stdlib_dir()) if embedded else os.path.abspath(path)
+      inputs_record.append({"path": recorded,
                             "size": os.path.getsize(path), "sha256": _sha256_file(path)})
       if full:
         break
@@ -514,12 +620,26 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
         f" {len(inputs_record)} of {len(files)} input files; the inputs are {given / 1e6:.2f} MB on disk); the rest"
         " is not in the dataset -- pass --max-mb 0 (or leave it out) to keep everything")
 
-  # Split by content hash (see module docstring); the content hash is over the same document hashes.
+  # Split by content hash, or by file for site-packages (see module docstring); the content hash is over
+  # the same document hashes.
   train, evals, content = [], [], hashlib.sha256()
-  for d in docs:
+  train_order = []
+  for i, d in enumerate(docs):
     digest = hashlib.sha256(d.encode("utf-8")).hexdigest()
     content.update(f"{digest}\n".encode())
-    (evals if int(digest[:8], 16) / 2**32 < opts.eval_fraction else train).append(d)
+    rank = _path_rank(f"split:{piece_of[i][0]}") if site else int(digest[:8], 16)
+    held_out = rank / 2**32 < opts.eval_fraction
+    (evals if held_out else train).append(d)
+    if site and not held_out:
+      train_order.append((_path_rank(f"{piece_of[i][0]}#{piece_of[i][1]}"), piece_of[i]))
+  if site:
+    if not evals:  # no file hashed into eval (a tiny corpus): the last file goes there whole (held out by file)
+      last = piece_of[-1][0]
+      keep = [i for i, (_, (rel, _)) in enumerate(train_order) if rel != last]
+      evals = [d for (_, (rel, _)), d in zip(train_order, train) if rel == last]
+      train, train_order = [train[i] for i in keep], [train_order[i] for i in keep]
+    # a mixture of all packages in every window of the stream (module docstring)
+    train = [d for _, d in sorted(zip(train_order, train), key=lambda x: x[0])]
   if not evals:
     evals.append(train.pop())
   if not train:
@@ -542,9 +662,20 @@ def prepare(opts: PrepareOptions, *, progress: bool = True, log=None) -> tuple[d
     if opts.tokenizer == "bpe":
       log(f"prepare-data: training a {opts.vocab_size}-token byte-level BPE on the train split ...")
     tokenizer = _tokenizer_info(opts, build, out, train)
-    source = ({"kind": "embedded", "description": "Python standard library *.py sources",
-               "stdlib_dir": stdlib_dir(), "python_version": sys.version.split()[0]}
-              if embedded else {"kind": "files"})
+    if site:
+      source = {"kind": "site-packages", "description": "*.py sources of this Python's installed packages",
+                "site_packages_dirs": site_packages_dirs(), "python_version": sys.version.split()[0]}
+    elif embedded:
+      source = {"kind": "embedded", "description": "Python standard library *.py sources",
+                "stdlib_dir": stdlib_dir(), "python_version": sys.version.split()[0]}
+    else:
+      source = {"kind": "files"}
+    if tokenizer and tokenizer["type"] == "huggingface":
+      splits["train"]["tokens"] = _count_tokens(os.path.join(build, "tokenizer", "tokenizer.json"), train)
+      splits["train"]["steps_without_repeat"] = splits["train"]["tokens"] // DEMO_TOKENS_PER_STEP
+      log(f"prepare-data: train split {splits['train']['tokens']:,} tokens: "
+          f"lasts {splits['train']['steps_without_repeat']:,} CPU-demo steps ({DEMO_TOKENS_PER_STEP} tokens each)"
+          " without reading a document twice")
     source.update({"files": len(inputs_record), "bytes_used": total, "content_sha256": content.hexdigest()})
     manifest = {
         "format_version": FORMAT_VERSION,
@@ -574,13 +705,18 @@ def _parser() -> argparse.ArgumentParser:
       " recipes read.")
   ap.add_argument("--input", "-i", nargs="+", default=[], metavar="PATH",
                   help="text / JSONL / .json.gz files or dirs (e.g. C4 shards) instead of the embedded corpus")
+  ap.add_argument("--corpus", default=d.corpus, choices=CORPORA,
+                  help="embedded corpus without --input: stdlib (this Python's standard library, ~2.5M tokens) or"
+                  " site-packages (this Python's installed packages, held out by file; for runs past ~2,000"
+                  " demo steps, e.g. --max-mb 48: >= 10M tokens)")
   ap.add_argument("--out", "-o", default=None, help=f"output dir (default {DEFAULT_OUT} for the embedded corpus,"
                   " data/custom for --input)")
   ap.add_argument("--max-mb", type=float, default=None,
                   help=f"cap on total text, MB (<= 0: no cap; default {d.max_mb:g} for the embedded corpus, no cap"
                   " for --input: your files are kept whole)")
   ap.add_argument("--max-file-kb", type=int, default=d.max_file_kb, help="embedded: skip larger source files")
-  ap.add_argument("--max-doc-kb", type=int, default=d.max_doc_kb, help="plain text: max document size, KB")
+  ap.add_argument("--max-doc-kb", type=int, default=None,
+                  help=f"plain text: max document size, KB (default {d.max_doc_kb}; site-packages {SITE_PACKAGES_DOC_KB})")
   ap.add_argument("--eval-fraction", type=float, default=d.eval_fraction)
   ap.add_argument("--shard-mb", type=float, default=d.shard_mb, help="target train parquet shard size, MB")
   ap.add_argument("--tokenizer", default=d.tokenizer, choices=("bpe", "llama3", "none"),
@@ -596,10 +732,14 @@ def cli_main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
   except SystemExit as e:  # --help: 0; a usage error: 2, after its one line on stderr
     return int(e.code or 0)
-  out = args.out or (os.path.join("data", "custom") if args.input else DEFAULT_OUT)
+  out = args.out or (os.path.join("data", "custom") if args.input else
+                     os.path.join("data", "site-packages") if args.corpus == "site-packages" else DEFAULT_OUT)
+  max_doc_kb = args.max_doc_kb or (SITE_PACKAGES_DOC_KB if args.corpus == "site-packages"
+                                   else PrepareOptions().max_doc_kb)
   max_mb = args.max_mb if args.max_mb is not None else (0.0 if args.input else PrepareOptions().max_mb)
-  opts = PrepareOptions(inputs=tuple(args.input), out=out, max_mb=max_mb, max_file_kb=args.max_file_kb,
-                        max_doc_kb=args.max_doc_kb, eval_fraction=args.eval_fraction, shard_mb=args.shard_mb,
+  opts = PrepareOptions(inputs=tuple(args.input), corpus=args.corpus, out=out, max_mb=max_mb,
+                        max_file_kb=args.max_file_kb, max_doc_kb=max_doc_kb, eval_fraction=args.eval_fraction,
+                        shard_mb=args.shard_mb,
                         tokenizer=args.tokenizer, vocab_size=args.vocab_size, text_field=args.text_field)
   try:
     manifest, _ = prepare(opts, progress=not args.quiet and sys.stderr.isatty())

@@ -25,7 +25,21 @@ Every number, in order (``docs/compare.md`` repeats them):
 * Early warning (:func:`warnings_of`): **gap growing** when the slope is resolved, positive and its rise is at
   least ``gap_rise`` nats (default 0.01: a third of compare's default tolerance); **underflow growing** for an
   ``*_underflow`` key when its slope is resolved, positive and its rise is at least ``max(underflow_rise_rel *
-  fitted start, underflow_rise_abs)`` (defaults 0.5 and 0.001). :func:`first_warning` applies the rule to growing
+  fitted start, underflow_rise_abs)`` (defaults 0.5 and 0.001); **gradient fidelity falling** for a
+  ``*/dw_cos`` or ``*/dw_cos_min`` key (the NVFP4 gradient's cosine with the high-precision one) when its slope
+  is resolved, negative and its fall is at least ``cos_fall`` (default 0.03; the torchao expert-layout bug took
+  an expert's projection from 0.97 to 0.88); **residual stream spreading** for ``nvfp4/residual/rms_span`` (the
+  largest over the smallest per-layer RMS) when its level -- the fit at the last step, or the last sample with
+  fewer than 3 -- reaches ``rms_span_max`` (default 1000: three of the four orders of magnitude of Nemotron 3
+  Ultra's divergence) or its resolved rise is at least ``telemetry_rise_rel`` (default 1.0: doubling) times its
+  fitted start; **expert load concentrating** for ``nvfp4/moe/load_max`` and ``nvfp4/moe_<k>/load`` (tokens of
+  the busiest expert over the mean) when its level reaches ``load_max`` (default 8; Nemotron's first layer: 12)
+  or its resolved rise is at least ``telemetry_rise_rel`` times its fitted start; **routed experts lagging**
+  (:func:`expert_lag`) when, averaged over the last ``LAG_SAMPLES`` diagnostic steps, the mean ``dw_cos`` of the
+  attention groups minus the lowest ``dw_cos`` of the routed-expert groups is at least ``expert_lag`` (default
+  0.1): the experts run the same recipe as the attention GEMMs, so their gradients should point as well; a bug in
+  the experts' own path (a per-expert scale or layout) shows there at once, while the whole model's cosine barely
+  moves. :func:`first_warning` applies the rule to growing
   prefixes of the run (every ``every`` common steps) and returns the first step at which it fires.
 """
 
@@ -40,6 +54,10 @@ Z = 1.96
 MIN_WINDOW = 20
 TARGET_WINDOWS = 20
 UNDERFLOW_SUFFIX = "_underflow"
+COS_SUFFIXES = ("/dw_cos", "/dw_cos_min")
+RMS_SPAN_KEY = "nvfp4/residual/rms_span"
+LOAD_SUFFIXES = ("/load", "/load_max")
+LAG_SAMPLES = 5
 # Two-sided 97.5 % quantiles of Student's t for 1..30 degrees of freedom (beyond: normal + 2.4 / dof).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -62,6 +80,15 @@ class Rule:
   # An underflow key warns when its resolved positive rise >= max(underflow_rise_rel * start, underflow_rise_abs).
   underflow_rise_rel: float = 0.5
   underflow_rise_abs: float = 0.001
+  # A dw_cos key warns when its resolved falling trend loses at least cos_fall.
+  cos_fall: float = 0.03
+  # The residual RMS span and the MoE load imbalance warn at these levels, or when a resolved rise is at least
+  # telemetry_rise_rel times the fitted start.
+  rms_span_max: float = 1000.0
+  load_max: float = 8.0
+  telemetry_rise_rel: float = 1.0
+  # Routed experts' dw_cos this far below the attention groups' (averaged over the last LAG_SAMPLES samples) warns.
+  expert_lag: float = 0.1
   # Fraction of the common steps dropped before the converged part.
   converged_from: float = 0.2
   # Window width in steps (None: max(MIN_WINDOW, ceil(n_conv / TARGET_WINDOWS))).
@@ -239,8 +266,23 @@ class Drift:
   rule: Rule
 
 
-def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule) -> list[Warning_]:
-  """The early-warning rule (module doc) on one analysis."""
+def expert_lag(diagnostics: dict[str, list[tuple[int, float]]], *, until: int | None = None) -> float | None:
+  """Mean over the last :data:`LAG_SAMPLES` steps (``<= until``) that have every ``nvfp4/attention*/dw_cos`` and
+  ``nvfp4/experts*/dw_cos`` key of ``mean(attention cosines) - min(expert cosines)``; None without both kinds."""
+  att = [dict(v) for k, v in diagnostics.items() if k.startswith("nvfp4/attention") and k.endswith("/dw_cos")]
+  exp = [dict(v) for k, v in diagnostics.items() if k.startswith("nvfp4/experts") and k.endswith("/dw_cos")]
+  if not att or not exp:
+    return None
+  steps = sorted(set.intersection(*(set(d) for d in att + exp)))
+  steps = [s for s in steps if until is None or s <= until][-LAG_SAMPLES:]
+  if not steps:
+    return None
+  lags = [math.fsum(d[s] for d in att) / len(att) - min(d[s] for d in exp) for s in steps]
+  return math.fsum(lags) / len(lags)
+
+
+def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule, lag: float | None = None) -> list[Warning_]:
+  """The early-warning rule (module doc) on one analysis (``lag``: :func:`expert_lag` of its diagnostics)."""
   out = []
   t = gap.trend
   if t is not None and t.resolved and t.slope > 0 and t.rise >= rule.gap_rise:
@@ -248,14 +290,47 @@ def warnings_of(gap: GapDrift, diags: Sequence[DiagTrend], rule: Rule) -> list[W
                                         f"(95 % [{1000 * t.low:+.4f}, {1000 * t.high:+.4f}]), rise {t.rise:+.4f} "
                                         f"nats over steps {gap.windows[0].first}..{gap.windows[-1].last}"))
   for d in diags:
-    if not d.key.endswith(UNDERFLOW_SUFFIX) or d.trend is None:
-      continue
-    dt = d.trend
+    w = _diag_warning(d, rule)
+    if w is not None:
+      out.append(w)
+  if lag is not None and lag >= rule.expert_lag:
+    out.append(Warning_(what="experts_lag", why=f"routed experts' gradient cosine {lag:.3f} below the attention "
+                                                f"GEMMs' (>= {rule.expert_lag:g}): a bug in the experts' own path?"))
+  return out
+
+
+def watched(key: str) -> bool:
+  """The diagnostics the early-warning rule reads (module doc)."""
+  return key.endswith((UNDERFLOW_SUFFIX, *COS_SUFFIXES, *LOAD_SUFFIXES)) or key == RMS_SPAN_KEY
+
+
+def _diag_warning(d: DiagTrend, rule: Rule) -> Warning_ | None:
+  """The rule on one diagnostic's trend (module doc), or None."""
+  dt = d.trend
+  if d.key.endswith(UNDERFLOW_SUFFIX):
+    if dt is None:
+      return None
     need = max(rule.underflow_rise_rel * abs(dt.start), rule.underflow_rise_abs)
     if dt.resolved and dt.slope > 0 and dt.rise >= need:
-      out.append(Warning_(what=d.key, why=f"{d.key} growing: fitted {dt.start:.4g} -> {dt.start + dt.rise:.4g} "
-                                          f"over {d.samples} samples (rise >= {need:.3g})"))
-  return out
+      return Warning_(what=d.key, why=f"{d.key} growing: fitted {dt.start:.4g} -> {dt.start + dt.rise:.4g} "
+                                     f"over {d.samples} samples (rise >= {need:.3g})")
+    return None
+  if d.key.endswith(COS_SUFFIXES):
+    if dt is not None and dt.resolved and dt.slope < 0 and -dt.rise >= rule.cos_fall:
+      return Warning_(what=d.key, why=f"{d.key} falling: fitted {dt.start:.4g} -> {dt.start + dt.rise:.4g} over "
+                                     f"{d.samples} samples (fall >= {rule.cos_fall:g}): the NVFP4 gradient turns away "
+                                     "from the high-precision one")
+    return None
+  if d.key == RMS_SPAN_KEY or d.key.endswith(LOAD_SUFFIXES):
+    limit, what = (rule.rms_span_max, "residual RMS span") if d.key == RMS_SPAN_KEY else (rule.load_max,
+                                                                                           "expert load imbalance")
+    level = d.last if dt is None else dt.start + dt.rise
+    if level >= limit:
+      return Warning_(what=d.key, why=f"{d.key}: {what} at {level:.4g} (>= {limit:g})")
+    if dt is not None and dt.resolved and dt.slope > 0 and dt.rise >= rule.telemetry_rise_rel * abs(dt.start):
+      return Warning_(what=d.key, why=f"{d.key} growing: fitted {dt.start:.4g} -> {level:.4g} over {d.samples} "
+                                     f"samples (rise >= {rule.telemetry_rise_rel:g} x start)")
+  return None
 
 
 def analyze(run_loss: dict[int, float], base_loss: dict[int, float],
@@ -269,7 +344,7 @@ def analyze(run_loss: dict[int, float], base_loss: dict[int, float],
   gap = gap_drift(steps, gaps, rule)
   diags = tuple(d for d in (diag_trend(k, v, from_step=gap.converged_start) for k, v in sorted(diagnostics.items()))
                 if d is not None)
-  warns = warnings_of(gap, diags, rule)
+  warns = warnings_of(gap, diags, rule, expert_lag(diagnostics, until=steps[-1] if steps else None))
   first = first_warning(steps, gaps, diagnostics, rule, every=every) if warns else None
   return Drift(gap=gap, diagnostics=diags, warnings=tuple(warns), first_warning_step=first, rule=rule)
 
@@ -286,8 +361,8 @@ def first_warning(steps: Sequence[int], gaps: Sequence[float], diagnostics: dict
     g = gap_drift(ps, pg, rule)
     last = ps[-1]
     ds = [d for d in (diag_trend(k, [(s, v) for s, v in series if s <= last], from_step=g.converged_start)
-                      for k, series in diagnostics.items() if k.endswith(UNDERFLOW_SUFFIX)) if d is not None]
-    if warnings_of(g, ds, rule):
+                      for k, series in diagnostics.items() if watched(k)) if d is not None]
+    if warnings_of(g, ds, rule, expert_lag(diagnostics, until=last)):
       return last
     if end == n:
       break

@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from maxtext_nvfp4.tools.comparison import Comparison, moving_average  # noqa: E402
+from maxtext_nvfp4.tools.comparison import Comparison, expert_cos_min, moving_average  # noqa: E402
 
 _COLORS = ("#4c72b0", "#76b900", "#dd8452", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
 
@@ -180,5 +180,50 @@ def drift_figure(c: Comparison) -> Figure:
   bottom.set_xscale("log")
   bottom.set_xlabel("step (log)")
   bottom.grid(alpha=0.3, which="both")
+  fig.tight_layout()
+  return fig
+
+
+def stability_figure(c: Comparison) -> Figure:
+  """Gradient fidelity and telemetry over steps (log x), one colour per run. Top: ``nvfp4/model/dw_cos`` (solid)
+  and the lowest expert cosine per step (dashed); middle: the residual stream's RMS, smallest and largest over
+  layers (log y); bottom: the MoE load imbalance, largest over layers. gids: ``cos:NAME``, ``expert_cos:NAME``,
+  ``rms_min:NAME``, ``rms_max:NAME``, ``load:NAME``."""
+  fig = Figure(figsize=(10, 8), dpi=100)
+  FigureCanvasAgg(fig)
+  top, mid, bottom = fig.subplots(3, 1, sharex=True)
+
+  def draw(ax, series, i, gid, label, style="-"):
+    pts = [(s, v) for s, v in series if s > 0 and math.isfinite(v)]
+    if pts:
+      xs, ys = zip(*pts)
+      ax.plot(xs, ys, style, color=_color(i), linewidth=1, marker=".", ms=3, gid=gid, label=label)
+      return True
+    return False
+
+  drawn = {top: False, mid: False, bottom: False}
+  for i, res in enumerate(c.results):
+    d, name = res.run.diagnostics, res.run.name
+    drawn[top] |= draw(top, d.get("nvfp4/model/dw_cos", []), i, f"cos:{name}", f"{name}: model")
+    drawn[top] |= draw(top, expert_cos_min(d), i, f"expert_cos:{name}", f"{name}: lowest expert", "--")
+    drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_min", []), i, f"rms_min:{name}", f"{name}: min over layers", "--")
+    drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_max", []), i, f"rms_max:{name}", f"{name}: max over layers")
+    drawn[bottom] |= draw(bottom, d.get("nvfp4/moe/load_max", []), i, f"load:{name}", name)
+  for ax, title, empty in ((top, "gradient cosine with the high-precision gradient (dw_cos)",
+                            "no nvfp4/*/dw_cos (nvfp4_diagnostics_grad=true records them)"),
+                           (mid, "residual-stream RMS", "no nvfp4/residual/* (nvfp4_diagnostics=true records them)"),
+                           (bottom, "MoE load: busiest expert / mean", "no MoE layers (or no nvfp4_diagnostics)")):
+    ax.set_title(title, fontsize=10)
+    ax.set_xscale("log")
+    ax.grid(alpha=0.3, which="both")
+    if drawn[ax]:
+      ax.legend(loc="best", fontsize=7)
+    else:
+      ax.annotate(empty, (0.5, 0.5), xycoords="axes fraction", ha="center", fontsize=9)
+  if drawn[mid]:
+    mid.set_yscale("log")
+  bottom.set_xlabel("step (log)")
+  if c.label:
+    fig.suptitle(_wrap(c.label), fontsize=9)
   fig.tight_layout()
   return fig

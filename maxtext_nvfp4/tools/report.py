@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from maxtext_nvfp4.tools.comparison import (INSUFFICIENT, MIN_OVERLAP_FRACTION, MIN_OVERLAP_STEPS, PUBLISHED_GAP,
-                                            Comparison)
+                                            Comparison, expert_cos_min)
 
 FLOPS_NOTE = ("TFLOP/s/device is MaxText's analytic count: quantized (FP8/NVFP4) GEMMs are counted as "
               "bf16-equivalent FLOPs, so it measures speed, not low-precision FLOP rate.")
@@ -103,7 +103,56 @@ def diagnostics_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
   return header, rows
 
 
-DIAG_TREND_STATS = ("_underflow", "_scale_sat", "_rel_err")
+DIAG_TREND_STATS = ("_underflow", "_scale_sat", "_rel_err", "/dw_cos", "/dw_cos_min", "/dw_norm_ratio", "/rms_span",
+                    "/rms_max", "/load", "/load_max")
+
+
+STABILITY_KEYS = ("nvfp4/model/dw_cos", "nvfp4/residual/rms_span", "nvfp4/moe/load_max")
+
+
+def has_stability(c: Comparison) -> bool:
+  """Some run recorded the gradient fidelity or the stability telemetry (``nvfp4_diagnostics``)."""
+  return any(k in r.run.diagnostics for r in c.results for k in STABILITY_KEYS)
+
+
+def stability_rows(c: Comparison) -> tuple[list[str], list[list[str]]]:
+  """Per run: the gradient fidelity (model cosine first -> last, the lowest unit and expert cosines of the last
+  sample) and the telemetry (residual RMS span and MoE load imbalance: last and largest)."""
+  header = ["run", "fidelity samples", "model dw_cos first → last", "lowest unit dw_cos (last)",
+            "lowest expert dw_cos (last)", "model dw_norm_ratio (last)", "residual RMS span last / max",
+            "MoE load max/mean last / max"]
+  rows = []
+  for r in c.results:
+    d = r.run.diagnostics
+    if not any(k in d for k in STABILITY_KEYS):
+      continue
+    cos = d.get("nvfp4/model/dw_cos", [])
+    last_step = cos[-1][0] if cos else None
+    unit = [v for k, series in d.items() if k.endswith("/dw_cos_min") for s, v in series if s == last_step]
+    experts = expert_cos_min(d)
+    ratio = d.get("nvfp4/model/dw_norm_ratio", [])
+
+    def last_max(key):
+      series = [v for _, v in d.get(key, []) if math.isfinite(v)]
+      return f"{series[-1]:.4g} / {max(series):.4g}" if series else "-"
+    rows.append([r.run.name, str(len(cos)), f"{cos[0][1]:.4f} → {cos[-1][1]:.4f}" if cos else "-",
+                 f"{min(unit):.4f}" if unit else "-", f"{experts[-1][1]:.4f}" if experts else "-",
+                 f"{ratio[-1][1]:.4f}" if ratio else "-", last_max("nvfp4/residual/rms_span"),
+                 last_max("nvfp4/moe/load_max")])
+  return header, rows
+
+
+def stability_lines(c: Comparison) -> list[str]:
+  """The ``## Stability`` section of report.md (empty when no run recorded it)."""
+  h, rows = stability_rows(c)
+  if not rows:
+    return []
+  return ["## Stability: gradient fidelity and telemetry", "",
+          "dw_cos: cosine of the step's gradient with the high-precision gradient of the same batch at the same "
+          "parameters (`nvfp4_diagnostics_grad`); a unit is one projection of one layer or one expert of one layer; "
+          "residual RMS span: largest / smallest RMS of the residual stream over layers; MoE load: tokens of the "
+          "busiest expert over the mean, the largest over MoE layers (docs/diagnostics.md).", "",
+          _md_table(h, rows), ""]
 
 
 def _drifting(c: Comparison) -> list:
@@ -129,7 +178,13 @@ def drift_lines(c: Comparison) -> list[str]:
          "standard errors, Student's t with k − 2 degrees of freedom; *resolved* when it excludes 0. Early warning: "
          f"the gap's trend resolved, positive, with a fitted rise ≥ {rule.gap_rise:g} nats; or an `*_underflow` "
          f"diagnostic's trend resolved, positive, rising by ≥ max({rule.underflow_rise_rel:g} × its fitted start, "
-         f"{rule.underflow_rise_abs:g}). *First warning*: the first step at which the rule fires on the run so far.",
+         f"{rule.underflow_rise_abs:g}); a `*/dw_cos` or `*/dw_cos_min` gradient-fidelity cosine's trend resolved, "
+         f"negative, falling by ≥ {rule.cos_fall:g}; `nvfp4/residual/rms_span` at ≥ {rule.rms_span_max:g} or an "
+         f"`nvfp4/moe*/load*` imbalance at ≥ {rule.load_max:g} (fitted level at the last step), or either rising by "
+         f"≥ {rule.telemetry_rise_rel:g} × its fitted start; the routed experts' lowest `dw_cos` ≥ {rule.expert_lag:g} "
+         "below the attention groups' mean over the last samples (`experts_lag`) (docs/diagnostics.md). *First "
+         "warning*: the first step at "
+         "which the rule fires on the run so far.",
          "", _md_table(
              ["run", "window (steps)", "windows", "first window gap", "last window gap",
               "slope (nats / 1k steps, 95 %)", "rise", "resolved", "early warning", "first warning at step"],
@@ -177,6 +232,7 @@ def render_markdown(c: Comparison, plots: Sequence[str] = ()) -> str:
           + ("" if r.loss.eval_shared_at in (None, max(r.run.eval_loss)) else f" (at step {r.loss.eval_shared_at})")]
          for r in evals]), ""]
   out += drift_lines(c)
+  out += stability_lines(c)
   dh, dr = diagnostics_rows(c)
   if dr:
     out += ["## NVFP4 diagnostics (`nvfp4/*` metrics)", "", _md_table(dh, dr), ""]
@@ -217,8 +273,8 @@ def _write_whole(path: Path, write) -> None:
 
 
 def write_outputs(c: Comparison, out_dir: str | os.PathLike, *, plots: bool = True) -> dict[str, str]:
-  """Write report.md (and loss.png, throughput.png, and drift.png when there are drift windows, unless ``plots``
-  is false) into ``out_dir``; returns
+  """Write report.md (and loss.png, throughput.png, drift.png when there are drift windows, stability.png when a
+  run recorded the gradient fidelity or telemetry, unless ``plots`` is false) into ``out_dir``; returns
   their paths by kind."""
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
@@ -229,11 +285,13 @@ def write_outputs(c: Comparison, out_dir: str | os.PathLike, *, plots: bool = Tr
     kinds = [("loss", figures.loss_figure), ("throughput", figures.throughput_figure)]
     if _drifting(c):
       kinds.append(("drift", figures.drift_figure))
+    if has_stability(c):
+      kinds.append(("stability", figures.stability_figure))
     for kind, figure in kinds:
       paths[kind] = str(out / f"{kind}.png")
       fig = figure(c)
       _write_whole(Path(paths[kind]), lambda tmp, fig=fig: fig.savefig(tmp, format="png"))
   paths["report"] = str(out / "report.md")
-  text = render_markdown(c, [paths[k] for k in ("loss", "throughput", "drift") if k in paths])
+  text = render_markdown(c, [paths[k] for k in ("loss", "throughput", "drift", "stability") if k in paths])
   _write_whole(Path(paths["report"]), lambda tmp: Path(tmp).write_text(text, encoding="utf8"))
   return paths

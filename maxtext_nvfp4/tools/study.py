@@ -10,7 +10,8 @@ run::
       metrics_file=DIR/arms/ARM/chunks/from_SSSSSSS_NNN.jsonl init_weights_seed=SEED data_shuffle_seed=0
       nvfp4_seed=0 steps=TOTAL eval_interval=E eval_steps=K enable_checkpointing=true async_checkpointing=false
       checkpoint_period=C save_checkpoint_on_completion=true max_num_checkpoints_to_keep=3
-      skip_jax_distributed_system=true [nvfp4_diagnostics=true nvfp4_diagnostics_interval=D] [KEY=VALUE ...]
+      skip_jax_distributed_system=true [nvfp4_diagnostics=true nvfp4_diagnostics_interval=D
+      [nvfp4_diagnostics_grad=true: NVFP4 arms]] [KEY=VALUE ...]
 
 MaxText restores the latest checkpoint in ``DIR/maxtext/ARM/checkpoints`` (model, optimizer and the grain data
 iterator's position), so a resumed arm sees the same batches in the same order; the stochastic-rounding keys
@@ -141,7 +142,8 @@ class Spec:
   # Total training steps of every arm, steps per chunk (= MaxText checkpoint_period).
   steps: int
   chunk: int
-  # MaxText eval_interval / eval_steps; nvfp4_diagnostics_interval of the NVFP4 arms (0: off).
+  # MaxText eval_interval / eval_steps; nvfp4_diagnostics_interval of every arm (0: off): the stability telemetry,
+  # and in the NVFP4 arms the quantization statistics and the gradient fidelity.
   eval_interval: int
   eval_steps: int
   diagnostics_interval: int
@@ -370,8 +372,9 @@ def arm_argv(spec: Spec, layout: Layout, arm: str, *, metrics_file: Path, python
   """The arm's training command (the same for every chunk but for ``metrics_file``)."""
   recipe = arm_recipe(spec, arm)
   nvfp4 = ARMS[arm][0] != "base"
+  # every arm records the stability telemetry; the NVFP4 arms also the gradient fidelity (docs/diagnostics.md)
   diag = ([f"nvfp4_diagnostics=true", f"nvfp4_diagnostics_interval={spec.diagnostics_interval}"]
-          if nvfp4 and spec.diagnostics_interval > 0 else [])
+          + (["nvfp4_diagnostics_grad=true"] if nvfp4 else []) if spec.diagnostics_interval > 0 else [])
   return [python, "-m", TRAIN_MODULE, str(recipe), *ARMS[arm][1], f"run_name={arm}",
           f"base_output_directory={layout.maxtext_root()}", f"metrics_file={metrics_file}",
           # a seed is the initial weights only: every arm sees the same batches in the same order
@@ -658,7 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--chunk", type=int, help="steps per chunk = MaxText checkpoint_period (may change on a later call)")
   p.add_argument("--eval-interval", type=int, help="MaxText eval_interval (first call)")
   p.add_argument("--eval-steps", type=int, help="MaxText eval_steps (first call)")
-  p.add_argument("--diagnostics-interval", type=int, help="nvfp4_diagnostics_interval of NVFP4 arms, 0 off (first call)")
+  p.add_argument("--diagnostics-interval", type=int,
+                 help="nvfp4_diagnostics_interval (telemetry in every arm; NVFP4 arms also their statistics and the "
+                      "gradient fidelity), 0 off (first call)")
   p.add_argument("--seed", type=int, help="init_weights_seed of every arm (first call; default 0)")
   p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (first call)")
   p.add_argument("--max-chunks", type=int, help="stop after this many chunks in this call")

@@ -335,6 +335,7 @@ def test_run_writes_diagnostics_at_interval_steps(diag_run):
   assert sorted(records) == list(range(STEPS))
   # 3 layers, MLP only: first (0), middle (1), last (2); x, w, dy; 5 statistics each.
   expected = {f"nvfp4/{g}/{t}_{s}" for g in ("mlp_first", "mlp", "mlp_last") for t in diag.TENSORS for s in diag.STATS}
+  expected |= {f"nvfp4/residual/rms_{s}" for s in ("min", "max", "span")}  # the telemetry (core/stability.py)
   for step, m in records.items():
     keys = {k for k in m if k.startswith("nvfp4/")}
     assert keys == (expected if step % INTERVAL == 0 else set()), (step, keys ^ expected)
@@ -348,6 +349,44 @@ def test_run_writes_diagnostics_at_interval_steps(diag_run):
         assert m[f"nvfp4/{g}/{t}_scale_zero"] == 0.0
         assert 0.0 < m[f"nvfp4/{g}/{t}_amax"] < 100.0
       assert m[f"nvfp4/{g}/x_amax"] > m[f"nvfp4/{g}/dy_amax"]  # gradients of a mean loss are tiny
+
+
+@pytest.fixture(scope="module")
+def grad_run(tmp_path_factory):
+  """``diag_run``'s twin with ``nvfp4_diagnostics_grad`` on."""
+  out = str(tmp_path_factory.mktemp("grad"))
+  from maxtext.trainers.pre_train import train  # pylint: disable=import-outside-toplevel
+
+  train.main(tiny_argv(out, run_name="grad", steps=STEPS, quantization="nvfp4", nvfp4_targets="mlp",
+                       nvfp4_rht=False, nvfp4_diagnostics=True, nvfp4_diagnostics_interval=INTERVAL,
+                       nvfp4_diagnostics_grad=True))
+  return {int(m["step"]): m for m in read_metrics(os.path.join(out, "grad.jsonl"))}
+
+
+@pytest.mark.slow
+def test_gradient_fidelity_trains_the_same_bits_and_reports_against_a_high_precision_reference(diag_run, grad_run):
+  plain = {int(m["step"]): m for m in diag_run["metrics"]}
+  assert sorted(grad_run) == sorted(plain) == list(range(STEPS))
+  for s in range(STEPS):  # the tap and the reference pass change nothing the step trains with
+    for k in ("learning/loss", "learning/grad_norm", "learning/param_norm"):
+      assert grad_run[s][k] == plain[s][k], (s, k)
+    assert {k: v for k, v in grad_run[s].items() if k.startswith("nvfp4/") and "/dw_" not in k} == {
+        k: v for k, v in plain[s].items() if k.startswith("nvfp4/")}
+  groups = ("mlp_first", "mlp", "mlp_last", "attention_first", "attention", "attention_last", "other", "model")
+  for s in range(STEPS):
+    dw = {k for k in grad_run[s] if "/dw_" in k}
+    if s % INTERVAL:
+      assert not dw, s
+      continue
+    m = grad_run[s]
+    for g in groups:
+      # NVFP4 (with SR) turns the gradient a little, in every group (attention too: its inputs come through the
+      # quantized MLPs). A reference that ran NVFP4 itself would give exactly 1 (the same SR keys).
+      assert 0.5 < m[f"nvfp4/{g}/dw_cos"] < 0.999, (s, g, m[f"nvfp4/{g}/dw_cos"])
+      assert 0.7 < m[f"nvfp4/{g}/dw_norm_ratio"] < 1.3, (s, g)
+    for g in groups[:-1]:
+      assert m[f"nvfp4/{g}/dw_cos_min"] <= m[f"nvfp4/{g}/dw_cos"] + 1e-6
+    assert {f"nvfp4/layer_{i}/dw_cos" for i in range(3)} <= dw and not any("expert_" in k for k in dw)
 
 
 @pytest.mark.slow

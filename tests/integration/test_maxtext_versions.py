@@ -31,7 +31,7 @@ def test_each_adapter_is_complete_and_consistent(version, moe_block):
   # every patched module has its touched symbols listed, and a patch job
   assert set(a.patched_modules) <= {t.module for t in a.touches}
   assert set(a.patched_modules.values()) - {"distill", "serving_attention", "serving_mlp"} == {
-      "types", "pyconfig", "quantizations", "train", "metric_logger", "moe", "megablox", "accelerators"}
+      "types", "pyconfig", "quantizations", "train", "metric_logger", "moe", "megablox", "accelerators", "normalizations"}
   # a post-training trainer the plugin runs is a checked touch point (its main), and a patched one has a job
   from maxtext_nvfp4.integration import patches  # pylint: disable=import-outside-toplevel
 

@@ -37,6 +37,7 @@ NON_DEFAULT = {
     "nvfp4_diagnostics": True,
     "nvfp4_diagnostics_interval": 3,
     "nvfp4_qat": "forward",  # with nvfp4_backward_override=dequantized: that backward
+    "nvfp4_diagnostics_grad": True,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import json
@@ -309,3 +310,42 @@ def test_user_files_are_kept_whole_unless_a_cap_is_asked_for(tmp_path, capsys):
   assert "--max-mb 2 reached: kept" in err and "pass --max-mb 0" in err, err
   kept = "".join(_rows(str(capped), "train") + _rows(str(capped), "eval"))
   assert 1.9e6 < len(kept.encode("utf-8")) <= 2e6
+
+
+def test_site_packages_corpus_is_held_out_by_file_mixed_and_counted(tmp_path):
+  """--corpus site-packages: files in sha256(path) order, each file's pieces in one split only, the train pieces
+  interleaved across files, the same bytes twice, and the train split's tokens counted with the BPE."""
+  opts = data.PrepareOptions(corpus="site-packages", out=str(tmp_path / "a"), max_mb=0.25, max_doc_kb=2,
+                             vocab_size=300)
+  m, _ = data.prepare(opts, progress=False, log=lambda s: None)
+  assert m["source"]["kind"] == "site-packages" and m["source"]["files"] == len(m["inputs"]) > 10
+  rels = [i["path"] for i in m["inputs"]]
+  assert all(r.endswith(".py") and not os.path.isabs(r) for r in rels)
+  assert len({i["sha256"] for i in m["inputs"]}) == len(rels)  # byte-identical copies skipped
+  rank = [data._path_rank(r) for r in rels]  # pylint: disable=protected-access
+  assert rank == sorted(rank)
+  # every piece comes from one file; find each row's file by content (pieces are line-aligned substrings)
+  texts = {}
+  for r in rels:
+    root = next(d for d in data.site_packages_dirs() if os.path.isfile(os.path.join(d, r)))
+    with open(os.path.join(root, r), encoding="utf-8") as f:
+      texts[r] = f.read()
+  held = {r for r in rels if data._path_rank(f"split:{r}") / 2**32 < opts.eval_fraction}  # pylint: disable=protected-access
+  train, evals = _rows(opts.out, "train"), _rows(opts.out, "eval")
+  owner = lambda piece: next(r for r, t in texts.items() if piece in t)  # noqa: E731
+  eval_files, train_files = {owner(p) for p in evals}, {owner(p) for p in train}
+  assert held <= eval_files and not train_files & eval_files  # (a corpus hashing no file into eval: its last file)
+  assert all(len(p) <= 2 * 1024 for p in train + evals)  # characters, cut at line ends
+  # interleaved: consecutive train pieces mostly come from different files
+  owners = [owner(p) for p in train[:60]]
+  assert sum(a != b for a, b in zip(owners, owners[1:])) > 0.8 * (len(owners) - 1)
+  from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
+  tok = Tokenizer.from_file(os.path.join(opts.out, "tokenizer", "tokenizer.json"))
+  n = sum(len(tok.encode(p, add_special_tokens=False).ids) for p in train)
+  assert m["splits"]["train"]["tokens"] == n and m["splits"]["train"]["steps_without_repeat"] == n // 1024
+  again, _ = data.prepare(dataclasses.replace(opts, out=str(tmp_path / "b"), tokenizer="none"), progress=False,
+                          log=lambda s: None)
+  assert again["source"]["content_sha256"] == m["source"]["content_sha256"]
+  assert [f["sha256"] for f in again["splits"]["train"]["files"]] == [f["sha256"] for f in m["splits"]["train"]["files"]]
+  with pytest.raises(data.DataError, match="--corpus site-packages and --input exclude each other"):
+    data.prepare(dataclasses.replace(opts, inputs=(str(tmp_path),)), progress=False)

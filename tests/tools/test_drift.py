@@ -95,6 +95,52 @@ def test_a_growing_underflow_warns_and_a_flat_one_does_not():
   assert not drift.analyze(flat, base, tiny).warnings
 
 
+def test_falling_gradient_fidelity_and_telemetry_warn_and_steady_ones_do_not():
+  base = base_loss()
+  flat = run_of(gap_series(3), base)
+  r = random.Random(7)
+  steps = range(0, N, 100)
+  falling = {"nvfp4/expert_3/dw_cos": [(s, 0.97 - 0.09 * s / N + r.gauss(0, 0.005)) for s in steps],  # 0.97 -> 0.88
+             "nvfp4/model/dw_cos": [(s, 0.95 + r.gauss(0, 0.005)) for s in steps]}
+  d = drift.analyze(flat, base, falling)
+  assert [w.what for w in d.warnings] == ["nvfp4/expert_3/dw_cos"] and "falling" in d.warnings[0].why
+  assert d.first_warning_step is not None and d.first_warning_step < N - 1
+  # a resolved but small fall (0.01 < cos_fall) and a rising cosine do not warn
+  small = {"nvfp4/model/dw_cos": [(s, 0.95 - 0.01 * s / N) for s in steps]}
+  rising = {"nvfp4/model/dw_cos": [(s, 0.80 + 0.1 * s / N) for s in steps]}
+  assert not drift.analyze(flat, base, small).warnings and not drift.analyze(flat, base, rising).warnings
+  # residual span: a level past 1000 warns, a steady 3-4x span does not; doubling load imbalance warns
+  span = {"nvfp4/residual/rms_span": [(s, 3.0 + 2000 * s / N) for s in steps]}
+  steady = {"nvfp4/residual/rms_span": [(s, 3.5 + r.gauss(0, 0.2)) for s in steps],
+            "nvfp4/moe/load_max": [(s, 1.3 + r.gauss(0, 0.05)) for s in steps]}
+  load = {"nvfp4/moe_0/load": [(s, 1.2 + 4.0 * s / N + r.gauss(0, 0.05)) for s in steps]}
+  assert [w.what for w in drift.analyze(flat, base, span).warnings] == ["nvfp4/residual/rms_span"]
+  assert not drift.analyze(flat, base, steady).warnings
+  assert [w.what for w in drift.analyze(flat, base, load).warnings] == ["nvfp4/moe_0/load"]
+  assert drift.watched("nvfp4/layer_2/dw_cos") and not drift.watched("nvfp4/model/dw_norm_ratio")
+
+
+def test_routed_experts_lagging_the_attention_gemms_warn():
+  """A bug in the experts' own path (the injected wgrad scale swap: experts ~0.73 while attention stays ~0.93)
+  warns from the first samples; experts as good as attention do not."""
+  base = base_loss()
+  flat = run_of(gap_series(3), base)
+  r = random.Random(9)
+  steps = range(0, N, 100)
+
+  def diags(experts):
+    return {"nvfp4/attention_first/dw_cos": [(s, 0.93 + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/attention_last/dw_cos": [(s, 0.92 + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/experts_first/dw_cos": [(s, experts + r.gauss(0, 0.005)) for s in steps],
+            "nvfp4/experts_last/dw_cos": [(s, experts + 0.01 + r.gauss(0, 0.005)) for s in steps]}
+  bad = drift.analyze(flat, base, diags(0.73))
+  assert [w.what for w in bad.warnings] == ["experts_lag"] and bad.first_warning_step is not None
+  assert bad.first_warning_step <= 100  # the first prefix the rule looks at
+  assert drift.expert_lag(diags(0.73)) == pytest.approx(0.925 - 0.73, abs=0.01)
+  assert not drift.analyze(flat, base, diags(0.92)).warnings
+  assert drift.expert_lag({"nvfp4/attention/dw_cos": [(0, 0.9)]}) is None  # no experts: no lag
+
+
 def test_short_runs_have_no_trend():
   base = base_loss(n=40)
   d = drift.analyze(run_of(gap_series(0, n=40), base), base)
@@ -143,6 +189,35 @@ def test_compare_reports_and_plots_the_drift(tmp_path, capsys):
   trend = next(a for a in top.get_lines() if a.get_gid() == "trend:nvfp4")
   t = c.results[1].drift.gap.trend
   assert list(trend.get_ydata()) == pytest.approx([t.start, t.start + t.rise])
+
+
+def test_compare_reports_and_plots_gradient_fidelity_and_telemetry(tmp_path):
+  base = base_loss()
+  steps = range(0, N, 100)
+  fid = {"nvfp4/model/dw_cos": [(s, 0.95) for s in steps], "nvfp4/model/dw_norm_ratio": [(s, 1.01) for s in steps],
+         "nvfp4/experts/dw_cos_min": [(s, 0.9 - 0.1 * s / N) for s in steps],
+         "nvfp4/expert_0/dw_cos": [(s, 0.96) for s in steps],
+         "nvfp4/expert_1/dw_cos": [(s, 0.97 - 0.09 * s / N) for s in steps],
+         "nvfp4/residual/rms_min": [(s, 0.8) for s in steps], "nvfp4/residual/rms_max": [(s, 3.0) for s in steps],
+         "nvfp4/residual/rms_span": [(s, 3.75) for s in steps], "nvfp4/moe/load_max": [(s, 1.4) for s in steps]}
+  tele = {k: v for k, v in fid.items() if k.startswith(("nvfp4/residual", "nvfp4/moe"))}
+  _write(tmp_path / "bf16.jsonl", base, tele)
+  _write(tmp_path / "nvfp4.jsonl", run_of(gap_series(0), base), fid)
+  c = comparison.compare_runs([metrics.read(tmp_path / n, name=n.split(".")[0]) for n in ("bf16.jsonl", "nvfp4.jsonl")])
+  assert [w.what for w in c.results[1].drift.warnings] == ["nvfp4/expert_1/dw_cos", "nvfp4/experts/dw_cos_min"]
+  md = report.render_markdown(c)
+  section = md.split("## Stability: gradient fidelity and telemetry")[1].split("##")[0]
+  row = next(l for l in section.splitlines() if l.startswith("| nvfp4 |"))
+  last = max(steps)
+  assert f"0.9500 → 0.9500" in row and f"{0.9 - 0.1 * last / N:.4f}" in row and f"{0.97 - 0.09 * last / N:.4f}" in row
+  assert "3.75 / 3.75" in row and "1.4 / 1.4" in row
+  assert next(l for l in section.splitlines() if l.startswith("| bf16 |")).split("|")[3].strip() == "-"
+  fig = plots.stability_figure(c)
+  gids = {a.get_gid() for ax in fig.axes for a in ax.get_children() if a.get_gid()}
+  assert {"cos:nvfp4", "expert_cos:nvfp4", "rms_max:bf16", "rms_min:nvfp4", "load:nvfp4"} <= gids
+  assert "cos:bf16" not in gids
+  ec = next(a for a in fig.axes[0].get_lines() if a.get_gid() == "expert_cos:nvfp4")
+  assert list(ec.get_ydata()) == pytest.approx([min(0.96, 0.97 - 0.09 * s / N) for s in steps if s > 0])
 
 
 def _long_study_module():

@@ -224,4 +224,7 @@ def test_dry_run_prints_the_fixed_arm_commands(tmp_path, fake, capsys):
     assert "data_shuffle_seed=0" in cmd and f"run_name={arm}" in cmd
   assert "quantization=fp8" in cmds["fp8"] and "quantization=" in cmds["bf16"]
   assert "nvfp4_switch_at_step=0.8" in cmds["nvfp4_switch"] and "nvfp4_diagnostics=true" in cmds["nvfp4"]
+  # telemetry in every arm, the gradient fidelity in the NVFP4 arms only
+  assert all("nvfp4_diagnostics=true" in c for c in cmds.values())
+  assert ["nvfp4_diagnostics_grad=true" in cmds[a] for a in cmds] == [False, False, True, True]
   assert not d.exists()

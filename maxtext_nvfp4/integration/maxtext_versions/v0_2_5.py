@@ -31,6 +31,7 @@ _TRAIN = "maxtext.trainers.pre_train.train"
 _METRIC_LOGGER = "maxtext.common.metric_logger"
 _MOE = "maxtext.layers.moe"
 _MEGABLOX = "maxtext.kernels.megablox"
+_NORMALIZATIONS = "maxtext.layers.normalizations"
 _PARAM_MAPPING = "maxtext.checkpoint_conversion.utils.param_mapping"
 _ACCELERATORS = "maxtext.utils.accelerator_to_spec_map"
 _TRAIN_COMPILE = "maxtext.trainers.pre_train.train_compile"
@@ -82,6 +83,13 @@ TOUCHES: tuple[Touch, ...] = (
           use="wrapped to publish the traced step (step.with_step)"),
     Touch(module=_TRAIN, symbol="eval_step",
           use="wrapped to publish the traced step (step.with_step)"),
+    Touch(module=_TRAIN, symbol="loss_fn",
+          use="wrapped (train_step looks it up at call time): the gradient-fidelity tap and the MoE layer numbering"
+              " of nvfp4_diagnostics (stability.patch_loss_fn)"),
+    Touch(module=_NORMALIZATIONS, symbol="RMSNorm.__call__",
+          use="wrapped: the residual-stream RMS of nvfp4_diagnostics (stability.patch_rms_norm)"),
+    Touch(module=_MOE, symbol="RoutedMoE.get_topk",
+          use="wrapped: tokens per expert of nvfp4_diagnostics (stability.patch_topk)"),
     Touch(module=_TRAIN, symbol="main",
           use="run by python -m maxtext_nvfp4.train (plugin.run_pretrain)"),
     Touch(module=_ACCELERATORS, symbol="get_system_characteristics",
@@ -180,7 +188,7 @@ ADAPTER = MaxTextVersion(
     patched_modules={_TYPES: "types", _PYCONFIG: "pyconfig", _QUANTIZATIONS: "quantizations", _TRAIN: "train",
                      _METRIC_LOGGER: "metric_logger", _MOE: "moe", _MEGABLOX: "megablox", _DISTILL: "distill",
                      "maxtext.layers.attentions": "serving_attention", "maxtext.layers.linears": "serving_mlp",
-                     _ACCELERATORS: "accelerators"},
+                     _ACCELERATORS: "accelerators", _NORMALIZATIONS: "normalizations"},
     train_module=_TRAIN,
     train_compile_module=_TRAIN_COMPILE,
     posttrain_modules={"sft": _SFT, "distill": _DISTILL},
