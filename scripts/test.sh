@@ -71,7 +71,7 @@ run_stage() {  # run_stage NAME: one stage after the core suite, in a lane besid
     resume) stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n 0 \
               tests/tools/test_study_resume.py --junitxml="$logs/resume.xml" ;;
     peers) env_ready peers && stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile \
-             tests/peers tests/core/test_numerics.py::test_public_golden_bitwise --junitxml="$logs/peers.xml" ;;
+             tests/peers tests/core/test_quantizer_implementations.py::test_golden_vectors --junitxml="$logs/peers.xml" ;;
     matrix) env_ready matrix && stage matrix env MATRIX_WORKERS=1 bash scripts/test_matrix.sh --junitxml="$logs/matrix.xml" ;;
   esac
 }

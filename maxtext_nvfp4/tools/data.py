@@ -734,8 +734,8 @@ def cli_main(argv: list[str]) -> int:
     return int(e.code or 0)
   out = args.out or (os.path.join("data", "custom") if args.input else
                      os.path.join("data", "site-packages") if args.corpus == "site-packages" else DEFAULT_OUT)
-  max_doc_kb = args.max_doc_kb or (SITE_PACKAGES_DOC_KB if args.corpus == "site-packages"
-                                   else PrepareOptions().max_doc_kb)
+  max_doc_kb = args.max_doc_kb if args.max_doc_kb is not None else (
+      SITE_PACKAGES_DOC_KB if args.corpus == "site-packages" else PrepareOptions().max_doc_kb)
   max_mb = args.max_mb if args.max_mb is not None else (0.0 if args.input else PrepareOptions().max_mb)
   opts = PrepareOptions(inputs=tuple(args.input), corpus=args.corpus, out=out, max_mb=max_mb,
                         max_file_kb=args.max_file_kb, max_doc_kb=max_doc_kb, eval_fraction=args.eval_fraction,
