@@ -10,7 +10,8 @@ first imported or at registration if it already is:
   validates with :data:`Nvfp4MaxTextConfig` (``MaxTextConfig`` + every ``nvfp4_*`` key of
   :mod:`maxtext_nvfp4.core.settings`, choices as ``Literal`` so the error lists them), turns pydantic
   errors on our keys into one line, then runs :func:`settings.validate` (num_layers, steps, scan_layers)
-  and the backend choice, all before any compilation. MaxText's "AQT quantization is deprecated" warning
+  and the backend choice, all before any compilation. The ``XLA_FLAGS`` MaxText sets to dump HLO whenever
+  they are unset are taken back unless ``dump_hlo`` is true (:mod:`maxtext_nvfp4.integration.hlo_dump`). MaxText's "AQT quantization is deprecated" warning
   is dropped for an nvfp4 config (:func:`log_filter.hold_nvfp4_only`). Errors flow through MaxText's
   ``_handle_config_exception`` ("MAXTEXT CONFIG ERROR: ...", exit code 2; re-raised under pytest).
 * ``maxtext.layers.quantizations.configure_quantization``: returns
@@ -51,6 +52,7 @@ from maxtext_nvfp4.integration import compile_target
 from maxtext_nvfp4.integration import config_checks
 from maxtext_nvfp4.integration import config_errors
 from maxtext_nvfp4.integration import config_schema
+from maxtext_nvfp4.integration import hlo_dump
 from maxtext_nvfp4.integration import log_filter
 from maxtext_nvfp4.integration import posttrain
 from maxtext_nvfp4.integration import serving_layout
@@ -71,9 +73,11 @@ def patch_pyconfig(pyconfig) -> None:
       if config_class is types.MaxTextConfig:
         config_class = config_schema.Nvfp4MaxTextConfig
       try:
-        with log_filter.hold_nvfp4_only() as release:  # MaxText's AQT deprecation warning: not for nvfp4
+        with hlo_dump.kept_unless_dumping(touchpoints.adapter()) as dumped, \
+             log_filter.hold_nvfp4_only() as release:  # MaxText's AQT deprecation warning: not for nvfp4
           config = orig(argv, config_class=config_class, **kwargs)
           release(config_schema.is_nvfp4(config))
+          dumped(config)
       except pydantic.ValidationError as e:
         short = config_errors.one_line_error(e)
         if short is None:

@@ -1,5 +1,6 @@
 """MaxText accepts quantization=nvfp4 and every nvfp4_* key; bad values fail with one line; other modes unchanged."""
 
+import os
 import subprocess
 import sys
 
@@ -200,3 +201,28 @@ def test_importing_a_core_module_has_no_side_effects():
           "print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
   assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_no_hlo_dump_flags_left_behind_unless_dump_hlo(monkeypatch):
+  # MaxText sets XLA_FLAGS=--xla_dump_to=/tmp/xla_dump/ ... whenever XLA_FLAGS is unset, even with dump_hlo=false:
+  # every run would write HLO dumps. The plugin puts back what was there; dump_hlo=true keeps MaxText's flags.
+  monkeypatch.setenv("XLA_FLAGS", "")  # empty counts as unset for MaxText
+  _config(quantization="nvfp4")
+  assert os.environ["XLA_FLAGS"] == ""
+  monkeypatch.delenv("XLA_FLAGS")
+  c = _config(quantization="nvfp4", dump_hlo=True)
+  assert os.environ.get("XLA_FLAGS") == c.dump_hlo_xla_flags
+  assert c.dump_hlo_xla_flags.startswith("--xla_dump_to=")
+
+
+def test_user_xla_flags_and_dump_flags_untouched(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0")
+  _config(quantization="nvfp4")
+  assert os.environ["XLA_FLAGS"] == "--xla_backend_optimization_level=0"
+  monkeypatch.delenv("XLA_FLAGS")
+  _config(quantization="nvfp4", dump_hlo_xla_flags="--xla_dump_to=/tmp/mine")  # asked for: kept
+  assert os.environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/mine"
+  monkeypatch.delenv("XLA_FLAGS")
+  with pytest.raises(Exception):
+    _config(quantization="nvfp4", distill_beta=0.5)  # MaxText fails after setting its flags: none left behind
+  assert "XLA_FLAGS" not in os.environ

@@ -145,3 +145,10 @@ class MaxTextVersion:
   # module whose ``main(argv)`` runs it ("sft": the pre-training loop with use_sft; "distill": the Tunix
   # distillation trainer). Empty: no post-training entry point was verified on this version.
   posttrain_modules: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # the XLA_FLAGS MaxText's config validation sets whenever XLA_FLAGS is unset (or empty) and
+  # ``dump_hlo_xla_flags`` is empty -- even with ``dump_hlo=false`` (types.py, validate_and_set_hlo_dump_defaults,
+  # called unconditionally): a format over config keys, then the module filter appended when that key is
+  # non-empty. Every such run would write HLO dumps; the plugin restores XLA_FLAGS when dump_hlo is false.
+  # Empty: this version sets no XLA_FLAGS of its own.
+  hlo_dump_injected_flags: str = ""
+  hlo_dump_injected_module_flag: str = ""  # appended when ``dump_hlo_local_module_name`` is set

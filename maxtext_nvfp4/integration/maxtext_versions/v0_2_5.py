@@ -295,6 +295,10 @@ ADAPTER = MaxTextVersion(
     },
     sparse_matmul_reads_quant_dg=False,  # get_quantization_dtypes: getattr(self.quant, "quant_dg", None)
     train_step_traces_per_run=1,  # train.py: `compiled = p_train_step.lower(...).compile()` is what the loop runs
+    # types.py validate_and_set_hlo_dump_defaults (0.2.4: the same function): XLA_FLAGS unset and dump_hlo_xla_flags
+    # empty -> XLA_FLAGS = these flags, whatever dump_hlo says
+    hlo_dump_injected_flags="--xla_dump_to={dump_hlo_local_dir} --xla_dump_large_constants",
+    hlo_dump_injected_module_flag=" --xla_dump_hlo_module_re={dump_hlo_local_module_name}",
     log_noise=(
         LogNoise(kind="print", source="maxtext.common.gcloud_stub", text=": dependency missing; using stub.",
                  label="[NO-OP] stubs", why="optional Google Cloud packages (goodput, diagnostics, workload"
