@@ -24,6 +24,8 @@ FALLBACKS = ("bf16", "fp8")
 SWITCH_SCOPES = ("forward", "all")
 # Over which part of a sharded operand an NVFP4 amax is taken (core/amax_scope.py).
 AMAX_SCOPES = ("te", "global")
+# How an FSDP-sharded NVFP4 weight is all-gathered (core/weight_gather.py).
+FP4_WEIGHT_GATHERS = ("auto", "off")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +42,10 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
   # te: each operand's amax as TE's dense scopes it on the run's mesh (x, dy per device, W per tensor-parallel
   # shard); global: one amax per tensor, results independent of the mesh (compare runs across meshes).
   amax_scope: str = "te"
+  # auto: under FSDP each NVFP4 weight is quantized where its shards live and all-gathered as E2M1 codes + E4M3
+  # tile scales (0.504 B/weight instead of 2; the same bits) wherever every shard is whole 16x16 tiles, else in
+  # the activation dtype with a start-up line saying why; off: always in the activation dtype (emulation only).
+  fp4_weight_gather: str = "auto"
   # Number of first / last decoder layers whose GEMMs are not NVFP4 (they run in `fallback`).
   keep_first_layers: int = 0
   keep_last_layers: int = 0
@@ -75,6 +81,7 @@ KEY_HELP: dict[str, str] = {
     "backend": "auto | emulate | te",
     "targets": "all | mlp | attention | experts",
     "amax_scope": "te | global",
+    "fp4_weight_gather": "auto | off",
     "keep_first_layers": "int >= 0",
     "keep_last_layers": "int >= 0",
     "fallback": "bf16 | fp8",
@@ -94,6 +101,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "switch_to": FALLBACKS,
     "switch_scope": SWITCH_SCOPES,
     "amax_scope": AMAX_SCOPES,
+    "fp4_weight_gather": FP4_WEIGHT_GATHERS,
 }
 
 
