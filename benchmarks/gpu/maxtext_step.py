@@ -1,6 +1,7 @@
 """MaxText's whole train step compiled for a GPU or TPU target on a CPU (no accelerator): time, memory, bytes per kernel class.
 
     JAX_PLATFORMS=cpu python benchmarks/gpu/maxtext_step.py [--target h200] [--programs 'step_*'] [--json F]
+        [--devices N] [--set KEY=VALUE ...]
 
 The same deviceless compile as ``deviceless.py`` (compile-only devices of a ``compile_targets`` target, no
 autotuning; **compile-derived, not a measurement on the device**), applied to the program
@@ -10,13 +11,19 @@ compiler does (``trainers/pre_train/train_compile.py``: ``get_shaped_inputs`` fo
 ``maxtext_utils.get_functional_train_with_signature`` for the step and its shardings). On a TPU target the mesh is
 train_compile's own (``get_topology_mesh`` with ``compile_topology`` = the target's MaxText slice, e.g. v5e-1)
 and the compiler options its ``jit_and_compile`` passes; on a GPU target train_compile's GPU branch takes
-``jax.devices()`` (real GPUs), so the mesh is the one compile-only GPU instead. The plugin is registered
-in-process as the tests do, so ``quantization=nvfp4`` builds our emulated GEMMs, lowered for the target's
-platform (their ``cuda`` forms on a GPU, the default forms on a TPU).
+``jax.devices()`` (real GPUs), so the mesh is ``--devices`` compile-only GPUs instead (default 1; N > 1: FSDP over
+all of them, ``ici_fsdp_parallelism=N``, MaxText told the device count with ``internal_compile_num_devices``).
+Each row also counts the bytes each collective kind moves (``all_gather_gib``, ``reduce_scatter_gib``,
+``all_reduce_gib``; ``collectives.py``). The plugin is registered in-process as the tests do, so
+``quantization=nvfp4`` builds our emulated GEMMs, lowered for the target's platform (their ``cuda`` forms on a
+GPU, the default forms on a TPU).
 
 Per program: trace + lower seconds and XLA:GPU compile seconds on this CPU (the MoE proxy's compile-time target
 of issue 25 is the nvfp4 / bf16 ratio of these), kernels and GiB per kernel class (GEMM / other, one pass of
-``hlo_traffic.traffic`` over the optimized HLO) and ``memory_analysis()``. Each program compiles in its own
+``hlo_traffic.traffic`` over the optimized HLO), ``memory_analysis()`` (per device) and the bytes of each collective
+kind per step and device (``all_gather_gib``, ``reduce_scatter_gib``, ``all_reduce_gib``, ``all_to_all_gib``,
+``collective_permute_gib``; each collective's full-size buffer, ``collectives.py``; ``all_gather_by_dtype``: the
+all-gather bytes per element type, e.g. ``u8`` for NVFP4 weights gathered as codes). Each program compiles in its own
 process (``--programs`` runs them one after another), so that one program's compile does not share caches or
 pyconfig state with the next.
 """
@@ -61,6 +68,8 @@ PROGRAMS = {
                         {**_8B, "quantization": "nvfp4", "nvfp4_backend": "emulate"}),
     "step_moe_bf16": ("MaxText step, one-GPU MoE proxy (recipes/proxy_1gpu_moe_*), 4 layers, bf16",
                       "maxtext_nvfp4/recipes/proxy_1gpu_moe_base.yml", {**_MOE, "quantization": ""}),
+    "step_moe_fp8": ("the same, quantization=fp8 (MaxText's own, its expert einsums too)",
+                     "maxtext_nvfp4/recipes/proxy_1gpu_moe_fp8.yml", {**_MOE}),
     "step_moe_nvfp4": ("the same, nvfp4 emulated (every attention projection and expert linear)",
                        "maxtext_nvfp4/recipes/proxy_1gpu_moe_nvfp4.yml", {**_MOE, "nvfp4_backend": "emulate"}),
 }
@@ -70,7 +79,7 @@ COMMON = dict(dataset_type="synthetic", enable_checkpointing="false", enable_goo
               tokenizer_type="sentencepiece", hardware="gpu", steps=10, run_name="deviceless")
 
 
-def _argv(name: str, overrides: list[str] = (), target=None) -> list[str]:
+def _argv(name: str, overrides: list[str] = (), target=None, devices: int = 1) -> list[str]:
   import maxtext  # pylint: disable=import-outside-toplevel
 
   mt = os.path.dirname(maxtext.__file__)
@@ -79,16 +88,19 @@ def _argv(name: str, overrides: list[str] = (), target=None) -> list[str]:
   keys = {**COMMON, "tokenizer_path": os.path.join(mt, "assets", "tokenizers", "tokenizer.llama2"), **keys}
   if target is not None and target.platform == "tpu":
     keys.update(hardware="tpu", compile_topology=target.compile_topology, compile_topology_num_slices=1)
+  if devices > 1:  # FSDP over every compile-only device; MaxText cannot count them (jax.devices() is the CPU)
+    keys.update(internal_compile="true", internal_compile_num_devices=str(devices), ici_fsdp_parallelism=str(devices))
   keys.update(kv.split("=", 1) for kv in overrides)
   return [None, yml] + [f"{k}={v}" for k, v in keys.items()]
 
 
-def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> dict:
+def compile_step(name: str, spec: str = "h200", overrides: list[str] = (), devices: int = 1) -> dict:
   """Compile program ``name`` for the spec's GPU in this process and count it (the module docstring)."""
   import jax  # pylint: disable=import-outside-toplevel
   from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
   from jax.sharding import AxisType, Mesh  # pylint: disable=import-outside-toplevel
 
+  import collectives  # pylint: disable=import-outside-toplevel
   import compile_targets  # pylint: disable=import-outside-toplevel
   import deviceless  # pylint: disable=import-outside-toplevel
   import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
@@ -99,16 +111,17 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
   from maxtext.utils import max_utils, maxtext_utils, sharding  # pylint: disable=import-outside-toplevel
 
   target = compile_targets.resolve(spec)
-  dev = deviceless.device(spec)
+  devs = list(deviceless.devices(spec, f"1x{devices}x1"))
+  dev = devs[0]
   t0 = time.perf_counter()
-  config = pyconfig.initialize(_argv(name, overrides, target))
+  config = pyconfig.initialize(_argv(name, overrides, target, devices))
   options = {}
   if target.platform == "tpu":  # MaxText's own ahead-of-time path: its topology mesh and compiler options
     mesh = train_compile.get_topology_mesh(config)
     options = max_utils.parse_libtpu_flags_to_dict(config.compile_xla_flags)
     dev = mesh.devices.flat[0]
   else:
-    mesh = Mesh(maxtext_utils.create_device_mesh(config, [dev]), config.mesh_axes,
+    mesh = Mesh(maxtext_utils.create_device_mesh(config, devs), config.mesh_axes,
                 axis_types=(AxisType.Auto,) * len(config.mesh_axes))
   args, kwargs, state_shardings, _, model = train_compile.get_shaped_inputs(mesh, config)
   params_shardings, state_shardings = sharding.maybe_update_params_sharding_with_opt(config, state_shardings)
@@ -124,20 +137,28 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = ()) -> di
     t1 = time.perf_counter()
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     t2 = time.perf_counter()
+  text = compiled.as_text()
+  moved = collectives.collective_bytes(text)
   return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, target=target.name,
-              devices=mesh.devices.size, jax=jax.__version__,
-              lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1), **deviceless.compiled_counts(compiled))
+              devices=mesh.devices.size, mesh={a: int(n) for a, n in mesh.shape.items() if n > 1},
+              jax=jax.__version__, lower_s=round(t1 - t0, 1), compile_s=round(t2 - t1, 1),
+              **deviceless.compiled_counts(compiled, text), **collectives.gib(moved),
+              all_gather_by_dtype={k: round(v / 2**30, 4) for k, v in sorted(moved["all_gather"].items())})
 
 
 def table(rows: list[dict]) -> str:
-  lines = ["| program | lower s | compile s | GEMM kernels | GEMM GiB | other kernels | other GiB | temp MiB |"
-           " total MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  lines = ["| program | devices | lower s | compile s | GEMM kernels | GEMM GiB | other kernels | other GiB | temp MiB |"
+           " total MiB | all-gather GiB | reduce-scatter GiB | all-reduce GiB |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
   for r in rows:
     if "error" in r:
-      lines.append(f"| {r['program']} | failed: {r['error']} |||||||")
+      lines.append(f"| {r['program']} | failed: {r['error']} |||||||||||")
       continue
-    lines.append(f"| {r['program']} | {r['lower_s']} | {r['compile_s']} | {r['gemm_kernels']} | {r['gemm_gib']:.2f} |"
-                 f" {r['other_kernels']} | {r['other_gib']:.2f} | {r['temp_mib']:.0f} | {r['total_mib']:.0f} |")
+    name = r["program"] + "".join(f" {o}" for o in r.get("overrides", ()))
+    lines.append(f"| {name} | {r.get('devices', 1)} | {r['lower_s']} | {r['compile_s']} | {r['gemm_kernels']} |"
+                 f" {r['gemm_gib']:.2f} | {r['other_kernels']} | {r['other_gib']:.2f} | {r['temp_mib']:.0f} |"
+                 f" {r['total_mib']:.0f} | {r['all_gather_gib']:.3f} | {r['reduce_scatter_gib']:.3f} |"
+                 f" {r['all_reduce_gib']:.3f} |")
   return "\n".join(lines)
 
 
@@ -149,11 +170,12 @@ def main(argv=None) -> int:
   p.add_argument("--programs", default="step_*", help=f"comma list of names or globs from {tuple(PROGRAMS)}")
   p.add_argument("--json", help="append each row as one JSON line here")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a MaxText key")
+  p.add_argument("--devices", type=int, default=1, help="compile-only GPUs (N > 1: FSDP over all of them)")
   p.add_argument("--timeout", type=float, default=3600, help="seconds per program (its process is killed after)")
   p.add_argument("--one", help=argparse.SUPPRESS)  # the child: compile this one program, print its row
   a = p.parse_args(argv)
   if a.one:
-    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set)), flush=True)
+    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set, a.devices)), flush=True)
     return 0
   import deviceless  # pylint: disable=import-outside-toplevel
 
@@ -161,13 +183,15 @@ def main(argv=None) -> int:
   if not names:
     p.error(f"no program matches {a.programs!r}; choose from {tuple(PROGRAMS)}")
 
-  print(f"{deviceless.HEADLINE}; target {a.spec}", flush=True)
+  if a.devices < 1:
+    p.error(f"--devices {a.devices}: need at least 1")
+  print(f"{deviceless.HEADLINE}; target {a.spec} x {a.devices}", flush=True)
   rows = []
   for name in names:
     t0 = time.time()
     try:
       r = subprocess.run([sys.executable, os.path.abspath(__file__), "--spec", a.spec, "--one", name,
-                          *(f"--set={kv}" for kv in a.set)],
+                          f"--devices={a.devices}", *(f"--set={kv}" for kv in a.set)],
                          capture_output=True, text=True, timeout=a.timeout, check=False)
       line = [l for l in r.stdout.splitlines() if l.startswith("ROW ")]
       errors = [l for l in r.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception|Exit)\b", l)]

@@ -94,6 +94,7 @@ from maxtext_nvfp4.core import fp8
 from maxtext_nvfp4.core import nvfp4 as numerics
 from maxtext_nvfp4.core import prng
 from maxtext_nvfp4.core import recipe_options
+from maxtext_nvfp4.core import weight_gather as weight_gather_lib
 
 __all__ = ["AmaxGroups", "GemmRecipe", "PRECISIONS", "dot_general", "gemm_alpha", "sr_keys"]
 
@@ -412,6 +413,12 @@ def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None,
   return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht, scale_rule=rule)
 
 
+def _gathered(t, gather: weight_gather_lib.WeightGather | None):
+  """A quantized W (still laid out as W) all-gathered as codes + tile scales when ``gather`` says so (the same
+  bits; :mod:`weight_gather`), else ``t`` (the partitioner gathers what the GEMM reads)."""
+  return t if gather is None or t is None else weight_gather_lib.gather(t, gather)
+
+
 def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None, key=None, **kw):
   """``(values, amax, bound)`` of ``numerics.quantize_values(a, **kw)`` under ``rule``, per amax block when
   ``groups`` is not (1, 1) (see AmaxGroups)."""
@@ -430,7 +437,7 @@ def _dequantized(t, dtype):
   return numerics.dequantize_kernel_order(t, dtype)
 
 
-def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: AmaxGroups | None):
+def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: AmaxGroups | None, gather=None):
   """x (M, K) or W (K, N) as the fprop consumed it, in ``dtype`` (``backward_override="dequantized"``):
   NVFP4 -> TE's CUDA dequantize of the fprop quantization (RNE: re-quantizing gives the fprop's bits);
   fp8 -> its dequantized values; bf16 -> the operand itself."""
@@ -441,7 +448,7 @@ def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: Amax
     return (q.values(jnp.float32) * q.scale_inv).astype(dtype)
   m, n = a.shape
   if which == "weight":
-    t = _quantize_weight(a, r.two_d_weights, 0, groups, r.scale_rule("weight"))
+    t = _gathered(_quantize_weight(a, r.two_d_weights, 0, groups, r.scale_rule("weight")), gather)
   elif groups is not None and not groups.trivial:
     rule = r.scale_rule("activation")
     t = _quantize_grouped(lambda b, _: numerics.quantize(b, axis=1, scale_rule=rule), a, (groups.tokens, groups.x_k))
@@ -454,13 +461,13 @@ def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: Amax
 # The three passes on 2D operands: x (M, K), w (K, N), dy (M, N). ``qw`` / ``qx`` are operands
 # already quantized for this pass (shared with another pass or saved by the forward).
 # ----------------------------------------------------------------------------------------------
-def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = None):
+def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = None, gather=None):
   if r.fprop == "bf16":
     return _plain_dot(x, w, (1, 0), out_dtype)
   if r.fprop == "fp8":
     return _fp8_dot(fp8.quantize(x, "e4m3"), fp8.quantize(w, "e4m3"), (1, 0), out_dtype)
   if qw is None:
-    qw = _quantize_weight(w, r.two_d_weights, 0, groups, r.scale_rule("weight"))
+    qw = _gathered(_quantize_weight(w, r.two_d_weights, 0, groups, r.scale_rule("weight")), gather)
   x_rule = r.scale_rule("activation")
   if groups is not None and not groups.trivial:
     return _nvfp4_dot(_operand(x, x_rule, (groups.tokens, groups.x_k), axis=1), qw, (1, 0), out_dtype)
@@ -468,17 +475,17 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = 
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
-def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None):
-  """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad."""
+def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None, gather=None):
+  """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad (not yet gathered)."""
   p = r.precision("dgrad")
   if p == "bf16":
     return _plain_dot(dy, w, (1, 1), out_dtype)
   if p == "dequantized":  # dy unquantized x W as the fprop quantized it, in the activation dtype
-    return _plain_dot(dy, _fprop_operand_dequantized(r, w, "weight", out_dtype, groups), (1, 1), out_dtype)
+    return _plain_dot(dy, _fprop_operand_dequantized(r, w, "weight", out_dtype, groups, gather), (1, 1), out_dtype)
   if p == "fp8":
     return _fp8_dot(fp8.quantize(dy, "e5m2"), fp8.quantize(w, "e4m3"), (1, 1), out_dtype)
-  qw = w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1, groups,
-                                                                       r.scale_rule("weight"))
+  qw = _gathered(w if isinstance(w, numerics.NVFP4Tensor) else _quantize_weight(w, r.two_d_weights, 1, groups,
+                                                                                 r.scale_rule("weight")), gather)
   sr = key if r.stochastic_rounding else None
   dy_rule = r.scale_rule("gradient")
   if groups is not None and not groups.trivial:
@@ -529,6 +536,9 @@ class _Static:
   k: int
   # per-operand amax blocks (TE's scope on the mesh), or None: one amax per tensor
   groups: AmaxGroups | None = None
+  # W's FSDP layout when its NVFP4 copies are all-gathered as codes + tile scales (None: XLA gathers what the
+  # GEMM reads, the block values in the activation dtype)
+  gather: weight_gather_lib.WeightGather | None = None
 
   def uniform(self, name: str) -> bool:
     """Pass ``name`` computes the same thing whether or not the switch is on."""
@@ -561,7 +571,8 @@ def _forward(static: _Static, x, w, use_switched):
     # 16x16 tiles are the same for fprop and dgrad under TE's standard rule: quantize W once. (4over6 sums a
     # tile's error along the contraction, K for fprop and N for dgrad: two copies, as TE's.)
     share = qw is not None and qw.block_2d and r.two_d_weights and r.scale_rule("weight").selection == "max"
-    return _fprop(r, x, w, static.out_dtype, qw=qw if share else None, groups=static.groups)
+    return _fprop(r, x, w, static.out_dtype, qw=_gathered(qw, static.gather) if share else None,
+                  groups=static.groups, gather=static.gather)
 
   return _select(use_switched, static, "fprop", fprop), qw
 
@@ -593,7 +604,8 @@ def _gemm2d_bwd(static, res, dy):
   dy = lax.optimization_barrier(dy)
   kd, kw = sr_keys(key) if key is not None else (None, None)
   g = static.groups
-  dx = _select(use_switched, static, "dgrad", lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g))
+  dx = _select(use_switched, static, "dgrad",
+               lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g, static.gather))
   # dgrad before the wgrad operands exist: each pass's full-size quantized operands are dead before the
   # next pass makes its own (XLA:GPU otherwise fused the element passes of both into one kernel, and with
   # it all of their outputs were live at once). Ordering only: the same bits.
@@ -627,6 +639,7 @@ def dot_general(
     key=None,
     preferred_element_type=None,
     amax_groups: AmaxGroups | None = None,
+    weight_gather: weight_gather_lib.WeightGather | None = None,
 ) -> jax.Array:
   """``lax.dot_general(lhs, rhs, dimension_numbers)`` computed with the emulated GEMM recipe.
 
@@ -641,6 +654,10 @@ def dot_general(
     preferred_element_type: output dtype of the forward (default: result type of lhs and rhs).
     amax_groups: the operands' amax blocks on the run's mesh (TE's amax scope, :class:`AmaxGroups`); None
       or all 1: one amax per tensor (results independent of the mesh).
+    weight_gather: the kernel's FSDP layout (:class:`~maxtext_nvfp4.core.weight_gather.WeightGather`, in terms
+      of the 2D view (K, N); with batch dims, ``batch`` names their mesh axes): every NVFP4 copy of W is
+      quantized where its shards live and all-gathered as E2M1 codes + E4M3 scales (the same bits). None:
+      the partitioner gathers what the GEMM reads (the block values in the activation dtype).
 
   Returns:
     The product with lax.dot_general's output layout (batch, lhs free, rhs free).
@@ -682,10 +699,17 @@ def dot_general(
   b, m, n = math.prod(batch_shape), math.prod(lf_shape), math.prod(rf_shape)
   k = math.prod(lhs.shape[d] for d in lc)
 
+  groups = None if amax_groups is None or amax_groups.trivial else amax_groups
+  if weight_gather is not None:
+    refused = weight_gather_lib.refusal(weight_gather, k, n, (groups.w_k, groups.w_n) if groups else (1, 1))
+    if refused:
+      raise ValueError(f"dot_general: weight_gather: {refused}; pass weight_gather=None (gather W as it is)")
+    if not weight_gather.active:
+      weight_gather = None
   out_dtype = jnp.dtype(preferred_element_type) if preferred_element_type is not None else jnp.result_type(lhs, rhs)
   static = _Static(
       recipe=recipe, switched=switched, out_dtype=out_dtype, x_dtype=lhs.dtype, w_dtype=rhs.dtype, k=k,
-      groups=None if amax_groups is None or amax_groups.trivial else amax_groups,
+      groups=groups, gather=weight_gather,
   )
   if use_switched is not None:
     use_switched = jnp.asarray(use_switched, jnp.bool_)
@@ -696,5 +720,7 @@ def dot_general(
     y = _gemm2d(static, x[0], w[0], use_switched, key)
   else:
     keys = None if key is None else jax.vmap(lambda i: prng.fold_in(key, i))(jnp.arange(b))
-    y = jax.vmap(lambda xi, wi, ki: _gemm2d(static, xi, wi, use_switched, ki))(x, w, keys)
+    # The batch dim keeps its mesh axes inside the weight gather's shard_map (experts stay where they are).
+    spmd = weight_gather.batch if weight_gather is not None and weight_gather.batch else None
+    y = jax.vmap(lambda xi, wi, ki: _gemm2d(static, xi, wi, use_switched, ki), spmd_axis_name=spmd)(x, w, keys)
   return y.reshape(batch_shape + lf_shape + rf_shape)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from maxtext_nvfp4.core import gemm
 
-__all__ = ["ragged_dot", "einsum", "expert_token_buffers"]
+__all__ = ["ragged_dot", "einsum", "expert_token_buffers", "kernel_dims"]
 
 
 def expert_token_buffers(lhs, group_sizes):
@@ -92,15 +92,24 @@ def _parse(eqn: str):
   return a, b, out
 
 
+def kernel_dims(eqn: str, expert_axis: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """(contracting, batch) dims of the kernel (rhs) of :func:`einsum`'s ``eqn``, in the order its ``dot_general``
+  flattens them (``weight_gather``'s K is the contracting dims in that order)."""
+  a, b, out = _parse(eqn)
+  contract = [c for c in a if c in b and c not in out]
+  return tuple(b.index(c) for c in contract), (expert_axis % len(b),)
+
+
 def einsum(eqn: str, lhs, rhs, *, expert_axis: int = 0, recipe: gemm.GemmRecipe,
            switched: gemm.GemmRecipe | None = None, use_switched=None, key=None,
-           preferred_element_type=None, observe=None) -> jax.Array:
+           preferred_element_type=None, observe=None, weight_gather=None) -> jax.Array:
   """``jnp.einsum(eqn, lhs, rhs)`` with one NVFP4 GEMM per expert (kernel axis ``expert_axis`` = experts).
 
   Contracted labels are in both operands and not in the output; the expert label is the only label
   allowed in both operands and the output. Expert ``e``'s SR key is ``fold_in(key, e)``.
   ``observe(lhs, rhs, dimension_numbers, y) -> y``: sees the batched ``dot_general`` (experts as its one batch
   dim) and its output before the output transpose, and returns that output (diagnostics hook here).
+  ``weight_gather``: the expert kernel's FSDP layout (``gemm.dot_general``'s; ``batch``: the experts' axes).
   """
   a, b, out = _parse(eqn)
   lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
@@ -120,7 +129,7 @@ def einsum(eqn: str, lhs, rhs, *, expert_axis: int = 0, recipe: gemm.GemmRecipe,
     raise ValueError(f"einsum {eqn!r}: every label must be contracted or in the output")
   dims = (([a.index(c) for c in contract], [b.index(c) for c in contract]), ([a.index(e)], [b.index(e)]))
   y = gemm.dot_general(lhs, rhs, dims, recipe=recipe, switched=switched, use_switched=use_switched, key=key,
-                       preferred_element_type=preferred_element_type)
+                       preferred_element_type=preferred_element_type, weight_gather=weight_gather)
   if observe is not None:
     y = observe(lhs, rhs, dims, y)
   got = e + "".join(c for c in a if c not in b) + "".join(c for c in b if c not in a)

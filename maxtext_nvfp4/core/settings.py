@@ -32,6 +32,8 @@ AMAX_SCOPES = ("te", "global")
 #   serving  the forward the export serves (core/serving_gemm.py: W4A4 with 1x16 weight blocks and fused-group
 #            global scales as exported, per-token activation scales), high-precision backward as `forward`
 QAT_MODES = ("full", "forward", "serving")
+# How an FSDP-sharded NVFP4 weight is all-gathered (core/weight_gather.py).
+FP4_WEIGHT_GATHERS = ("auto", "off")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,6 +50,10 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
   # te: each operand's amax as TE's dense scopes it on the run's mesh (x, dy per device, W per tensor-parallel
   # shard); global: one amax per tensor, results independent of the mesh (compare runs across meshes).
   amax_scope: str = "te"
+  # auto: under FSDP each NVFP4 weight is quantized where its shards live and all-gathered as E2M1 codes + E4M3
+  # tile scales (0.504 B/weight instead of 2; the same bits) wherever every shard is whole 16x16 tiles, else in
+  # the activation dtype with a start-up line saying why; off: always in the activation dtype (emulation only).
+  fp4_weight_gather: str = "auto"
   # Number of first / last decoder layers whose GEMMs are not NVFP4 (they run in `fallback`).
   keep_first_layers: int = 0
   keep_last_layers: int = 0
@@ -105,6 +111,7 @@ KEY_HELP: dict[str, str] = {
     "backend": "auto | emulate | te",
     "targets": "all | mlp | attention | experts",
     "amax_scope": "te | global",
+    "fp4_weight_gather": "auto | off",
     "keep_first_layers": "int >= 0",
     "keep_last_layers": "int >= 0",
     "fallback": "bf16 | fp8",
@@ -127,6 +134,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "switch_scope": SWITCH_SCOPES,
     "amax_scope": AMAX_SCOPES,
     "qat": QAT_MODES,
+    "fp4_weight_gather": FP4_WEIGHT_GATHERS,
 }
 
 

@@ -72,7 +72,8 @@ def quantization_class():
       return functools.partial(linen_gemm.linen_module_class(), recipe=recipe, switched=switched,
                                switch_step=self.switch_step if switched is not None else None,
                                layer=layer, role=role, seed=int(self.settings.seed),
-                               kernel_axes=tuple(mesh_axes), amax_scope=self.settings.amax_scope, **extra)
+                               kernel_axes=tuple(mesh_axes), amax_scope=self.settings.amax_scope,
+                               fp4_weight_gather=self.settings.fp4_weight_gather, **extra)
 
     def diagnostics_group(self, layer: int | None, role: str, recipe) -> str | None:
       """Aggregation group of a GEMM with diagnostics on and an NVFP4 pass before the switch, else None.
@@ -103,7 +104,8 @@ def quantization_class():
       group = self.diagnostics_group(layer, role, recipe)
       return linen_gemm.expert_einsum(recipe, switched, self.switch_step if switched is not None else None, layer, role,
                                       int(self.settings.seed), diag_group=group,
-                                      diag_interval=int(self.diagnostics_interval))
+                                      diag_interval=int(self.diagnostics_interval),
+                                      fp4_weight_gather=self.settings.fp4_weight_gather)
 
     def expert_gemms(self):
       """RoutedMoE.sparse_matmul's three expert linears (wi_0, wi_1, wo), asked for at call time

@@ -12,8 +12,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from maxtext_nvfp4.integration import fsdp_gather
 from maxtext_nvfp4.integration import mesh_scope
 from maxtext_nvfp4.integration import step as step_lib
+from maxtext_nvfp4.integration import touchpoints
 from maxtext_nvfp4.integration import traced
 
 
@@ -55,6 +57,8 @@ def linen_module_class():
     amax_scope: str = "global"
     # nvfp4_qat=serving: (the fused group's roles, serving_gemm.Member) of this projection, else None
     serving: Any = None
+    # nvfp4_fp4_weight_gather: auto (NVFP4 weights all-gathered as codes + tile scales under FSDP) or off
+    fp4_weight_gather: str = "off"
 
     @nn.compact
     def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, **kwargs):
@@ -74,9 +78,13 @@ def linen_module_class():
       groups = None
       if self.amax_scope == "te":
         groups = mesh_scope.te_amax_groups(lhs.shape, rhs.shape, dimension_numbers, self.kernel_axes, self.role)
+      gather = None
+      if fsdp_gather.reads_quantized_weight(self.recipe, self.switched) and not dimension_numbers[1][1]:
+        gather = fsdp_gather.weight_gather(rhs.shape, dimension_numbers[0][1], (), self.kernel_axes, self.role,
+                                           groups, self.fp4_weight_gather)
       out = gemm.dot_general(lhs, rhs, dimension_numbers, recipe=self.recipe, switched=self.switched,
                              use_switched=use_switched, key=key, preferred_element_type=preferred_element_type,
-                             amax_groups=groups)
+                             amax_groups=groups, weight_gather=gather)
       if self.diag_group is None or not training:
         return out  # trace-time decision: without diagnostics the traced GEMM is exactly the one above
       observe = traced.diagnostics_observer(self.recipe, group=self.diag_group, interval=self.diag_interval,
@@ -119,10 +127,13 @@ def _served(m, lhs, rhs, dimension_numbers, preferred_element_type, use_switched
                       serve)
 
 
-def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=None, diag_interval=1):
+def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=None, diag_interval=1,
+                  fp4_weight_gather="off"):
   """MaxText RoutedMoE's expert einsum ``(eqn, tokens, kernel)``: one emulated GEMM per expert
   (:func:`maxtext_nvfp4.core.grouped_gemm.einsum`), or the plain einsum when every pass is BF16.
-  ``diag_group``: report each expert's x, W and dy to that diagnostics group (None: no diagnostics)."""
+  ``diag_group``: report each expert's x, W and dy to that diagnostics group (None: no diagnostics).
+  ``fp4_weight_gather``: nvfp4_fp4_weight_gather (the expert weights' own axes: the adapter's
+  ``expert_kernel_axes``)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
   def einsum(eqn, lhs, rhs, *args, **kwargs):
@@ -135,7 +146,13 @@ def expert_einsum(recipe, switched, switch_step, layer, role, seed, diag_group=N
     observe = None
     if diag_group is not None and training:  # trace-time decision, as for the dense GEMMs
       observe = traced.diagnostics_observer(recipe, group=diag_group, interval=diag_interval, step=step, key=key)
+    gather = None
+    if fsdp_gather.reads_quantized_weight(recipe, switched):
+      rc, rb = grouped_gemm.kernel_dims(eqn)
+      wi, wo = touchpoints.adapter().expert_kernel_axes
+      gather = fsdp_gather.weight_gather(jnp.shape(rhs), rc, rb, wo if role == "expert_wo" else wi, role,
+                                         None, fp4_weight_gather)
     return grouped_gemm.einsum(eqn, lhs, rhs, recipe=recipe, switched=switched, use_switched=use_switched,
-                               key=key, observe=observe)
+                               key=key, observe=observe, weight_gather=gather)
 
   return einsum
