@@ -181,8 +181,9 @@ def test_llama31_405b_published_settings(configs):
     assert c["per_device_batch_size"] == 1 and c["max_target_length"] == 8192
     assert c["ici_fsdp_parallelism"] == -1 and c["dcn_fsdp_parallelism"] == -1  # FSDP over every GPU (128)
     assert all(c[f"{p}_{a}_parallelism"] == 1 for p in ("ici", "dcn") for a in ("data", "tensor", "pipeline"))
-    assert c["hardware"] == "gpu_multiprocess" and c["scan_layers"] is False
-    assert c["remat_policy"] == "minimal_with_context_and_quantization" and c["attention"] == "cudnn_flash_te"
+    # MaxText's own GPU config for the model (the published policy plans 3x a GB200's memory: RESULTS.md)
+    assert c["hardware"] == "gpu_multiprocess" and c["scan_layers"] is True
+    assert c["remat_policy"] == "full" and c["attention"] == "cudnn_flash_te"
   assert configs["llama3.1_405b_fp8"]["quantization"] == "te_fp8_delayedscaling"
 
 
