@@ -146,7 +146,7 @@ def test_the_run_records_its_config_beside_its_checkpoints(tmp_path, monkeypatch
   args, cfg = train.with_absolute_output_dir(args, cfg)
   record = train._record_run(args, cfg)  # pylint: disable=protected-access
   path = tmp_path / "runs" / "demo_nvfp4" / run_record.RECORD
-  assert record == (str(path), True)
+  assert (record.path, record.created, record.previous) == (str(path), True, None)
   found = run_record.find(str(tmp_path / "runs" / "demo_nvfp4" / "checkpoints" / "5" / "items"))
   assert found is not None and found[0] == str(path)
   assert f"tokenizer_path={tmp_path / 'data' / 'embedded' / 'tokenizer'}" in found[1]
@@ -155,5 +155,32 @@ def test_the_run_records_its_config_beside_its_checkpoints(tmp_path, monkeypatch
   assert (int(config.num_decoder_layers), int(config.steps), config.run_name) == (3, 2, "demo_nvfp4")
   assert config.base_output_directory == str(tmp_path / "runs")
   assert config.grain_train_files == str(tmp_path / "data" / "embedded" / "train-*.parquet")
-  train._unrecord(record)  # pylint: disable=protected-access  (what a config error MaxText finds does)
+  train._settle_record(record, 2)  # pylint: disable=protected-access  (what a config error MaxText finds does)
   assert not (tmp_path / "runs" / "demo_nvfp4").exists()
+
+
+@pytest.mark.parametrize("rc, new_step, kept", [
+    (2, False, "first"),   # the relaunch MaxText refused (a config error): the first run's record is back
+    (1, False, "first"),   # the relaunch crashed before writing a checkpoint
+    (0, False, "first"),   # the relaunch ran without checkpointing: the checkpoints there are still the first run's
+    (0, True, "second"),   # the relaunch wrote a checkpoint: its config is the folder's now
+])
+def test_a_relaunch_leaves_the_record_of_the_checkpoints_beside_it(tmp_path, monkeypatch, rc, new_step, kept):
+  """A second launch into a run folder that holds checkpoints must not leave a record (or none) that does not
+  describe them: export and eval-quantized rebuild the model from it."""
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.chdir(tmp_path)
+  base = ["base_output_directory=" + str(tmp_path / "runs"), "run_name=r"]
+  first = train._record_run(["a.yml", *base, "learning_rate=0.1"], {"base_output_directory": str(tmp_path / "runs"),
+                                                                     "run_name": "r"})  # pylint: disable=protected-access
+  os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "4")
+  train._settle_record(first, 0)  # pylint: disable=protected-access
+  second = train._record_run(["a.yml", *base, "learning_rate=0.2"], {"base_output_directory": str(tmp_path / "runs"),
+                                                                      "run_name": "r"})  # pylint: disable=protected-access
+  assert "learning_rate=0.2" in run_record.find(second.path)[1]
+  if new_step:
+    os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "8")
+  train._settle_record(second, rc)  # pylint: disable=protected-access
+  found = run_record.find(str(tmp_path / "runs" / "r" / "checkpoints" / "4" / "items"))
+  assert found is not None and f"learning_rate={'0.1' if kept == 'first' else '0.2'}" in found[1]
