@@ -38,7 +38,8 @@ routed to it, an expert no calibration token reached takes its layer's largest) 
 ``--calibrate-on-synthetic``. ``--weights-only`` needs no calibration data.
 
 Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
-checkpoint, an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
+checkpoint -- its shapes, or a tensor the written architecture needs that the checkpoint lacks, or one it has
+that the architecture would not load (``hf_conversion.required_names`` / ``unused_by``) -- an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
 exit code 2, all before any weight is read, and ``DIR`` is left as it was.
 """
 
@@ -315,6 +316,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
   shape = export_arch.forward_shape(config, dims)
   hf_cfg = export_arch.hf_config(config, dims)
   conv = hf_conversion.Converter(items, config, dims, hf_cfg)
+  conv.check_complete(shape, hf_cfg)  # every tensor the architecture needs (extra ones: the Converter refuses)
   trained = hf_conversion.trained_nvfp4(config, shape)
   names = quantized_linears(trained, quantize)
   if not names:
