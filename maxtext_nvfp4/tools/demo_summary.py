@@ -32,6 +32,7 @@ def _metrics(out: str, label: str) -> str:
 
 def summary(out: str, *, tolerance: float = 0.03) -> str:
   """The summary text for the reproduce output folder ``out``; raises ``compare.InputError``."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import compare  # pylint: disable=import-outside-toplevel
 
   runs = [compare.load_run(f"{label}={_metrics(out, label)}") for label in ("bf16", "nvfp4")]
@@ -57,11 +58,14 @@ def summary(out: str, *, tolerance: float = 0.03) -> str:
   lines.append(f"report     {os.path.join(cmp_dir, 'report.md')}")
   plots = [os.path.join(cmp_dir, p) for p in ("loss.png", "throughput.png") if os.path.isfile(os.path.join(cmp_dir, p))]
   lines.append(f"plots      {', '.join(plots) if plots else '(none written)'}")
-  lines += ["next       maxtext-nvfp4 compare bf16=" + _metrics(out, "bf16") + " nvfp4=" + _metrics(out, "nvfp4")
-            + " --out my_compare",
-            "           python -m maxtext_nvfp4.train demo_nvfp4 enable_checkpointing=true async_checkpointing=false",
-            "           maxtext-nvfp4 export runs/demo_nvfp4/checkpoints --out runs/demo_nvfp4_hf"
+  mt, py = cli.shell_command("maxtext-nvfp4"), cli.shell_command("python")
+  lines += [f"next       {mt} compare bf16={_metrics(out, 'bf16')} nvfp4={_metrics(out, 'nvfp4')} --out my_compare",
+            f"           {py} -m maxtext_nvfp4.train demo_nvfp4 enable_checkpointing=true async_checkpointing=false",
+            f"           {mt} export runs/demo_nvfp4/checkpoints --out runs/demo_nvfp4_hf"
             "   # NVFP4 checkpoint for vLLM (docs/export.md)"]
+  if mt.startswith((".", "/")):
+    lines.append(f"           (or first: source {os.path.join(os.path.dirname(py), 'activate')}, then maxtext-nvfp4"
+                 " and python are this environment's)")
   return "\n".join(lines)
 
 

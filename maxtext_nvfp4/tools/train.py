@@ -396,7 +396,43 @@ def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=No
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   if record:
     _settle_record(record, rc)
+  if rc == 0:
+    print(closing_line(command, cfg, record), flush=True)
   return rc
+
+
+def closing_line(command: str, cfg: dict, record: "_Record | None") -> str:
+  """The last line of a finished run: where its metrics, run record, checkpoints and TensorBoard events went (and
+  the export command when there are checkpoints), so nobody has to read MaxText's config dump to find them."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  folder = run_record.run_dir(cfg)
+  metrics = cfg.get("metrics_file")
+  metrics = "not written (metrics_file is empty)" if not metrics else \
+      metrics if "://" in str(metrics) else os.path.abspath(str(metrics))
+  parts = [f"metrics {metrics}"]
+  if folder is None:
+    base = cfg.get("base_output_directory") or "(MaxText's default)"
+    parts.append(f"checkpoints and TensorBoard events under {base}/<run_name> (no run record: not a local run folder)")
+    return f"maxtext-nvfp4 {command}: done; " + "; ".join(parts)
+  recorded = record is not None and os.path.isfile(record.path)
+  parts.append(f"run record {record.path if recorded else 'not written'}")
+  steps = sorted(_checkpoint_steps(folder), key=int)
+  ckpt = os.path.join(folder, "checkpoints")
+  if steps:
+    parts.append(f"checkpoints {ckpt} (step{'s' if len(steps) > 1 else ''} {', '.join(steps[-3:])}"
+                 f"{', ...' if len(steps) > 3 else ''})")
+  else:
+    parts.append("no checkpoints (enable_checkpointing=true writes them)" if not cfg.get("enable_checkpointing", True)
+                 else f"no checkpoints in {ckpt}")
+  tb = os.path.join(folder, "tensorboard")
+  if os.path.isdir(tb):
+    parts.append(f"TensorBoard {tb}")
+  line = f"maxtext-nvfp4 {command}: done; " + "; ".join(parts)
+  if steps and recorded:
+    line += f"\nnext: {cli.shell_command()} export {ckpt} --out {folder}_hf   (docs/export.md)"
+  return line
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -54,3 +54,27 @@ def test_missing_metrics_is_one_line_exit_2(tmp_path, capsys):
   assert demo_summary.main([str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith("maxtext-nvfp4 demo summary: error:")
+
+
+def test_the_next_commands_run_as_printed_without_the_venv_on_path(tmp_path, monkeypatch):
+  """A fresh clone's shell has no .venv/bin on PATH (demo.sh calls .venv/bin/...): a bare ``maxtext-nvfp4`` is
+  not found and a bare ``python`` is the system one. The printed commands must name this environment's."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+
+  out = str(tmp_path / "demo")
+  _pair(out, 0.01)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("PATH", "/usr/bin:/bin")
+  nxt = [l[len("next"):].strip() if l.startswith("next") else l.strip()
+         for l in demo_summary.summary(out).splitlines()[-5:] if l.startswith(("next", "  "))]
+  compare_cmd, train_cmd = shlex.split(nxt[0].split("#")[0]), shlex.split(nxt[1])
+  bindir = os.path.dirname(sys.executable)
+  if os.path.isfile(os.path.join(bindir, "maxtext-nvfp4")):
+    assert compare_cmd[0] == os.path.join(bindir, "maxtext-nvfp4")
+  assert train_cmd[0] == sys.executable and train_cmd[1:3] == ["-m", "maxtext_nvfp4.train"]
+  assert any("activate" in l for l in nxt)
+  env = dict(os.environ, PATH="/usr/bin:/bin")
+  done = subprocess.run(compare_cmd, env=env, capture_output=True, text=True, check=False, timeout=300)
+  assert done.returncode in (0, 1) and (tmp_path / "my_compare" / "report.md").is_file(), done.stderr[-2000:]

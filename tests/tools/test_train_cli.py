@@ -184,3 +184,28 @@ def test_a_relaunch_leaves_the_record_of_the_checkpoints_beside_it(tmp_path, mon
   train._settle_record(second, rc)  # pylint: disable=protected-access
   found = run_record.find(str(tmp_path / "runs" / "r" / "checkpoints" / "4" / "items"))
   assert found is not None and f"learning_rate={'0.1' if kept == 'first' else '0.2'}" in found[1]
+
+
+def test_a_finished_run_ends_on_where_everything_went(tmp_path, monkeypatch, capsys):
+  """The last line names the metrics file, the run record, the checkpoints (with their steps) and TensorBoard, then
+  the export command (MaxText's own last line is its step log). The runner stands in for MaxText's main."""
+  monkeypatch.chdir(tmp_path)
+  for name in ("train-00000-of-00001.parquet", "eval-00000-of-00001.parquet"):
+    os.makedirs(tmp_path / "data" / "embedded", exist_ok=True)
+    (tmp_path / "data" / "embedded" / name).write_bytes(b"")
+  run = tmp_path / "runs" / "demo_nvfp4"
+
+  def fake_maxtext(argv):
+    for step in ("4", "9"):
+      os.makedirs(run / "checkpoints" / step)
+    os.makedirs(run / "tensorboard")
+
+  monkeypatch.setattr(train, "_pretrain", fake_maxtext)
+  monkeypatch.setattr("maxtext_nvfp4.register", lambda: None)  # nothing of MaxText's is patched in this process
+  monkeypatch.setattr("maxtext_nvfp4.integration.log_filter.install", lambda *a, **k: True)
+  assert train.cli_main(["demo_nvfp4", "steps=10", "enable_checkpointing=true"]) == 0
+  last = capsys.readouterr().out.strip().splitlines()[-2:]
+  assert last[0].startswith("maxtext-nvfp4 train: done; ") and f"metrics {tmp_path / 'runs' / 'demo_nvfp4.jsonl'}" in last[0]
+  assert f"run record {run / 'maxtext_nvfp4_run.json'}" in last[0] and (run / "maxtext_nvfp4_run.json").is_file()
+  assert f"checkpoints {run / 'checkpoints'} (steps 4, 9)" in last[0] and f"TensorBoard {run / 'tensorboard'}" in last[0]
+  assert last[1].startswith("next: ") and f"export {run / 'checkpoints'} --out {run}_hf" in last[1]
