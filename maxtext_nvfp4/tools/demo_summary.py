@@ -7,8 +7,9 @@ loader and comparison (so the numbers are the report's), and prints:
 
   * the loss gap: mean (NVFP4 - BF16) training loss over the converged steps, in nats and relative to
     BF16, the final and eval losses, and the verdict against the tolerance;
-  * the step-time ratio: median NVFP4 step time / median BF16 step time (the NVFP4 arm is emulated on a
-    CPU: not Blackwell's FP4 speed-up; the arms run one after the other, so other load moves it);
+  * the speedup as compare's table states it: median BF16 step time / median NVFP4 step time (below 1: NVFP4
+    slower; the NVFP4 arm is emulated on a CPU: not Blackwell's FP4 speed-up; the arms run one after the
+    other, so other load moves it);
   * where the report and the plots are, and the next commands (compare, train with checkpoints, export).
 
 Exit code: 0 when it printed, 2 (one line) when a metrics file is missing or unreadable.
@@ -50,10 +51,11 @@ def summary(out: str, *, tolerance: float = 0.03) -> str:
                     if loss.eval_loss is not None and loss.eval_loss_baseline is not None else ""))
   lines.append(f"verdict    {nv.verdict} (tolerance {tolerance:g} nats; overall: {c.verdict})")
   t_nv, t_b = nv.throughput.median_step_time, base.throughput.median_step_time
-  if t_nv and t_b:
-    lines.append(f"step time  NVFP4 {t_nv:.3f} s / BF16 {t_b:.3f} s = {t_nv / t_b:.2f}x (medians; the NVFP4 arm is"
-                 " emulated here (exact, no FP4 hardware), so this is not Blackwell's speed-up; other load on the"
-                 " machine moves it)")
+  if t_nv and t_b and nv.throughput.speedup:  # compare's direction: baseline time / run time (> 1: faster)
+    lines.append(f"speedup    BF16 {t_b:.3f} s / NVFP4 {t_nv:.3f} s = {nv.throughput.speedup:.3f}x (median step times,"
+                 f" as compare's table; NVFP4 {'slower' if nv.throughput.speedup < 1 else 'faster'} here: it is"
+                 " emulated (exact, no FP4 hardware), so this is not Blackwell's speed-up; other load on the machine"
+                 " moves it)")
   cmp_dir = os.path.join(out, "compare")
   lines.append(f"report     {os.path.join(cmp_dir, 'report.md')}")
   plots = [os.path.join(cmp_dir, p) for p in ("loss.png", "throughput.png") if os.path.isfile(os.path.join(cmp_dir, p))]
