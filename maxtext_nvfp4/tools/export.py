@@ -269,7 +269,14 @@ def resolve_config_args(items: str, config: str | None, overrides: list[str]) ->
     return ([recipes.find_recipe(config)] if config else []) + list(overrides), "the command line"
   found = run_record.find(items)
   if found:
-    return found[1], found[0]
+    record, args = found
+    recipe = args[0] if args and "=" not in args[0] else None
+    if recipe and not os.path.isfile(recipe):  # moved or deleted since the run: MaxText would say only ENOENT
+      from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+
+      raise ckpt.CheckpointError(f"the run's record {record} names the recipe {recipe}, which no longer exists;"
+                                 " pass --config RECIPE.yml (and the key=value overrides the run trained with)")
+    return args, record
   return [], "MaxText's base.yml (no --config and no maxtext_nvfp4_run.json beside the checkpoint)"
 
 

@@ -209,3 +209,21 @@ def test_a_finished_run_ends_on_where_everything_went(tmp_path, monkeypatch, cap
   assert f"run record {run / 'maxtext_nvfp4_run.json'}" in last[0] and (run / "maxtext_nvfp4_run.json").is_file()
   assert f"checkpoints {run / 'checkpoints'} (steps 4, 9)" in last[0] and f"TensorBoard {run / 'tensorboard'}" in last[0]
   assert last[1].startswith("next: ") and f"export {run / 'checkpoints'} --out {run}_hf" in last[1]
+
+
+@pytest.mark.parametrize("command", ["export", "eval-quantized"])
+def test_a_record_whose_recipe_is_gone_is_one_line(tmp_path, capsys, command):
+  """export and eval-quantized trust the run's record for the config: a recipe moved or deleted since the run was
+  a traceback (AttributeError from the config error's one-line formatter)."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  run = tmp_path / "runs" / "r"
+  os.makedirs(run / "checkpoints" / "3" / "items")
+  (run / "checkpoints" / "3" / "commit_success.txt").write_text("")
+  run_record.write(str(run), [str(tmp_path / "gone.yml"), "steps=4"], {}, "test")
+  extra = ["--out", str(tmp_path / "hf")] if command == "export" else []
+  assert cli.main([command, str(run / "checkpoints"), *extra]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "Traceback" not in err[0] and f"names the recipe {tmp_path / 'gone.yml'}" in err[0], err
+  assert "--config" in err[0] and not (tmp_path / "hf").exists()
