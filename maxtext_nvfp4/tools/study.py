@@ -505,15 +505,20 @@ class Study:
     return prog
 
   def status_lines(self, *, alive: bool = True) -> list[str]:
-    """Progress per arm as the state file has it. ``alive``: whether a study process holds the directory's lock;
-    without one, an arm the state still calls running was stopped by a kill (the steps are those last saved)."""
+    """Progress per arm: the steps and loss where the next chunk resumes, read from disk (:func:`resume_point`,
+    nothing moved: a kill leaves the state file behind the checkpoints); chunks, wall time and status from the
+    state file. ``alive``: whether a study process holds the directory's lock; without one, an arm the state
+    still calls running was stopped by a kill."""
     total = self.spec.steps
     lines = [f"study {self.layout.root}: preset {self.spec.preset}, {total} steps per arm, chunks of {self.spec.chunk}"]
     for arm in self.spec.arms:
       st = self.state["arms"][arm]
-      rate = st["wall_s"] / st["steps_done"] if st["steps_done"] and st["wall_s"] > 0 else None
-      left = "" if rate is None or st["steps_done"] >= total else f", ~{_fmt_s(rate * (total - st['steps_done']))} left"
-      loss = "" if st["last_loss"] is None else f", loss {st['last_loss']:.4f}"
+      p, merged, _ = resume_point(self.layout, arm, self.spec)
+      done = 0 if p is None else p + 1
+      last = None if p is None else merged.train[p].get(metrics_io.LOSS)
+      rate = st["wall_s"] / done if done and st["wall_s"] > 0 else None
+      left = "" if rate is None or done >= total else f", ~{_fmt_s(rate * (total - done))} left"
+      loss = "" if last is None else f", loss {float(last):.4f}"
       chk = st.get("rechecked_steps", 0)
       bad = st.get("mismatched_steps", [])
       resumed = (f", resume check: {chk} recomputed record(s)"
@@ -521,7 +526,7 @@ class Study:
       status = st["status"]
       if status == "running" and not alive:
         status = f"killed (no study process runs; continue with: {PROG} {shlex.quote(str(self.layout.root))})"
-      lines.append(f"  {arm:<14} {st['steps_done']:>7}/{total} steps ({100 * st['steps_done'] / total:5.1f} %), "
+      lines.append(f"  {arm:<14} {done:>7}/{total} steps ({100 * done / total:5.1f} %), "
                    f"{st['chunks']} chunk(s), {_fmt_s(st['wall_s'])} of training{loss}, {status}{left}{resumed}")
     return lines
 

@@ -248,11 +248,15 @@ def test_status_of_a_killed_study_does_not_say_running(tmp_path, fake, capsys):
   capsys.readouterr()
   state = json.loads((d / "state.json").read_text())
   state["arms"]["nvfp4"]["status"] = "running"  # what a kill in the middle of the nvfp4 chunk leaves
+  state["arms"]["bf16"].update(steps_done=0, last_loss=None)  # ... and a state saved before bf16's chunk ended
   state.update(running="nvfp4", pid=2 ** 22 + 1)
   (d / "state.json").write_text(json.dumps(state))
   assert cli(["study", str(d), "--status"]) == 0
-  line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("nvfp4"))
+  out = capsys.readouterr().out.splitlines()
+  line = next(l for l in out if l.strip().startswith("nvfp4"))
   assert "running" not in line and "killed" in line and f"maxtext-nvfp4 study {d}" in line, line
+  bf16 = next(l for l in out if l.strip().startswith("bf16"))
+  assert "4/10 steps" in bf16 and ", loss " in bf16, bf16  # where the next call resumes, read from disk
   with open(d / study.LOCK_FILE, encoding="utf8") as lock:  # a live study process holds the lock
     fcntl.flock(lock, fcntl.LOCK_EX)
     assert cli(["study", str(d), "--status"]) == 0
