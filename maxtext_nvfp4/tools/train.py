@@ -431,7 +431,9 @@ def closing_line(command: str, cfg: dict, record: "_Record | None") -> str:
     parts.append(f"TensorBoard {tb}")
   line = f"maxtext-nvfp4 {command}: done; " + "; ".join(parts)
   if steps and recorded:
-    line += f"\nnext: {cli.shell_command()} export {ckpt} --out {folder}_hf   (docs/export.md)"
+    synthetic = str(cfg.get("dataset_type", "")) == "synthetic"  # export calibrates on the run's eval data
+    line += (f"\nnext: {cli.shell_command()} export {ckpt} --out {folder}_hf"
+             + (" --weights-only" if synthetic else "") + "   (docs/export.md)")
   return line
 
 
