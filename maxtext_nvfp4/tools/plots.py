@@ -34,10 +34,15 @@ def _wrap(text: str, width: int = 110) -> str:
 
 
 def loss_figure(c: Comparison) -> Figure:
-  """Top: raw (faint) and smoothed training loss per run; bottom: smoothed gap vs the baseline."""
-  fig = Figure(figsize=(10, 7.5), dpi=100)
+  """Top: raw (faint) and smoothed training loss per run; bottom, when a run is compared with the baseline: the
+  smoothed gap vs the baseline (a single run: the top panel alone)."""
+  compared = any(not r.is_baseline and r.loss is not None for r in c.results)
+  fig = Figure(figsize=(10, 7.5 if compared else 5), dpi=100)
   FigureCanvasAgg(fig)
-  top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  if compared:
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  else:
+    top = fig.subplots(1, 1)
   n_marked = 0  # non-finite-loss labels drawn so far: each one goes a line lower, so none overprints another
   for i, res in enumerate(c.results):
     steps = res.run.sorted_steps
@@ -60,6 +65,11 @@ def loss_figure(c: Comparison) -> Figure:
   top.set_title((_wrap(c.label) + "\n" if c.label else "") + title, fontsize=11)
   top.grid(alpha=0.3)
   top.legend(loc="best")
+  if not compared:
+    top.set_xlabel("step")
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
 
   tol = c.options.tolerance
   bottom.axhline(0.0, color="black", linewidth=0.8)
@@ -93,13 +103,18 @@ def loss_figure(c: Comparison) -> Figure:
 
 
 def throughput_figure(c: Comparison) -> Figure:
-  """Bars: median step time (annotated with the speedup) and tokens/s/device per run."""
-  fig = Figure(figsize=(10, 4.5), dpi=100)
+  """Bars: median step time (annotated with the speedup) and tokens/s/device per run; a panel no run has a value
+  for is left out (tokens/s needs MaxText's per-device token count), the step-time panel always drawn."""
+  kinds = [(attr, gid, ylabel, title) for attr, gid, ylabel, title in (
+      ("median_step_time", "step_time", "median step time (s)", "Median step time after warm-up (speedup vs baseline)"),
+      ("tokens_per_sec", "tokens", "tokens/s/device", "Throughput per device"))
+           if attr == "median_step_time" or any(getattr(r.throughput, attr) is not None for r in c.results)]
+  fig = Figure(figsize=(5 + 5 * (len(kinds) > 1), 4.5), dpi=100)
   FigureCanvasAgg(fig)
-  left, right = fig.subplots(1, 2)
+  axes = fig.subplots(1, len(kinds), squeeze=False)[0]
   names = [r.run.name for r in c.results]
-  for ax, attr, gid, ylabel in ((left, "median_step_time", "step_time", "median step time (s)"),
-                                (right, "tokens_per_sec", "tokens", "tokens/s/device")):
+  for ax, (attr, gid, ylabel, title) in zip(axes, kinds):
+    ax.set_title(title, fontsize=10)
     for i, res in enumerate(c.results):
       v = getattr(res.throughput, attr)
       bar = ax.bar(i, 0.0 if v is None else v, color=_color(i), gid=f"{gid}:{res.run.name}")
@@ -117,8 +132,6 @@ def throughput_figure(c: Comparison) -> Figure:
     ax.margins(y=0.2)
     ax.grid(axis="y", alpha=0.3)
   skipped = ", ".join(f"{r.run.name}: {r.throughput.measured} steps" for r in c.results)
-  left.set_title("Median step time after warm-up (speedup vs baseline)", fontsize=10)
-  right.set_title("Throughput per device", fontsize=10)
   fig.suptitle((_wrap(c.label) + "\n" if c.label else "") + f"measured steps: {skipped}", fontsize=9)
   fig.tight_layout()
   return fig

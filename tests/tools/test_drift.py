@@ -262,3 +262,11 @@ def test_figures_draw_no_empty_panel(tmp_path):
   assert len(drift.axes) == 1 and "nvfp4_diagnostics=true records them" in drift.axes[0].get_xlabel()
   assert [ax.get_title() for ax in stability.axes] == ["gradient cosine with the high-precision gradient (dw_cos)"]
   assert "residual RMS" in stability.axes[0].get_xlabel() and "MoE load" in stability.axes[0].get_xlabel()
+  # these records have no per-device token count: no tokens/s panel of "n/a" bars
+  throughput = plots.throughput_figure(c)
+  assert [ax.get_ylabel() for ax in throughput.axes] == ["median step time (s)"]
+  # one run alone: its loss, no empty gap panel under it
+  single = comparison.compare_runs([metrics.read(tmp_path / "nvfp4.jsonl", name="nvfp4")])
+  loss = plots.loss_figure(single)
+  assert len(loss.axes) == 1 and loss.axes[0].get_lines()
+  assert len(plots.loss_figure(c).axes) == 2
