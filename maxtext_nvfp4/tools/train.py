@@ -376,6 +376,7 @@ def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=No
   except _config_error_types() as e:
     return _fail(" ".join(str(e).split()), command)
   args, cfg = with_absolute_output_dir(args, cfg)
+  absent = _absent_folders(cfg)  # what a run MaxText refuses must not leave behind
   ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
   for stream in (sys.stdout, sys.stderr):
@@ -396,9 +397,31 @@ def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=No
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   if record:
     _settle_record(record, rc)
+  if rc == 2:  # a config error MaxText found: the run did not start
+    for folder in absent:
+      try:
+        os.rmdir(folder)  # only when empty
+      except OSError:
+        pass
   if rc == 0:
     print(closing_line(command, cfg, record), flush=True)
   return rc
+
+
+def _absent_folders(cfg: dict) -> list[str]:
+  """The local folders a run creates (the metrics file's, ``base_output_directory`` and the run folder under it)
+  that do not exist yet, deepest first."""
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  found = []
+  for path in (run_record.run_dir(cfg), cfg.get("base_output_directory"),
+               os.path.dirname(str(cfg.get("metrics_file") or ""))):
+    if isinstance(path, str) and path and "://" not in path:
+      path = os.path.abspath(path)
+      while path != os.path.dirname(path) and not os.path.exists(path):
+        found.append(path)
+        path = os.path.dirname(path)
+  return sorted(set(found), key=lambda p: -p.count(os.sep))
 
 
 def closing_line(command: str, cfg: dict, record: "_Record | None") -> str:

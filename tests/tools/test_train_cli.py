@@ -227,3 +227,25 @@ def test_a_record_whose_recipe_is_gone_is_one_line(tmp_path, capsys, command):
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and "Traceback" not in err[0] and f"names the recipe {tmp_path / 'gone.yml'}" in err[0], err
   assert "--config" in err[0] and not (tmp_path / "hf").exists()
+
+
+def test_a_config_maxtext_refuses_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+  """MaxText's own validation (after our checks) refuses: exit 2, one line, and neither the run record nor the
+  runs/ folders made for the metrics file and the checkpoints stay."""
+  monkeypatch.chdir(tmp_path)
+  for name in ("train-00000-of-00001.parquet", "eval-00000-of-00001.parquet"):
+    os.makedirs(tmp_path / "data" / "embedded", exist_ok=True)
+    (tmp_path / "data" / "embedded" / name).write_bytes(b"")
+
+  def refusing_maxtext(argv):
+    from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
+
+    raise settings.SettingsError("nvfp4_x=1: refused by MaxText's validation")
+
+  monkeypatch.setattr(train, "_pretrain", refusing_maxtext)
+  monkeypatch.setattr("maxtext_nvfp4.register", lambda: None)
+  monkeypatch.setattr("maxtext_nvfp4.integration.log_filter.install", lambda *a, **k: True)
+  assert train.cli_main(["demo_nvfp4", "steps=3"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["maxtext-nvfp4 train: error: nvfp4_x=1: refused by MaxText's validation"], err
+  assert sorted(os.listdir(tmp_path)) == ["data"]
