@@ -55,6 +55,14 @@ MARKER = "maxtext_nvfp4_compare.json"
 _EARLIER_OUTPUTS = frozenset({"report.md", "loss.png", "throughput.png", "drift.png", "stability.png"})
 
 
+def _our_report(path: str) -> bool:
+  try:
+    with open(path, encoding="utf8") as f:
+      return f.readline().strip() == "# maxtext-nvfp4 compare"  # report.render_markdown's first line
+  except (OSError, UnicodeDecodeError):
+    return False
+
+
 def check_out_dir(out: str) -> str:
   """``--out``'s absolute path once it may be (re)written as a whole: new (its parent exists), empty, or an earlier
   compare output, which is replaced whole, stale figures included (:mod:`maxtext_nvfp4.tools.outputs`); a folder
@@ -65,8 +73,8 @@ def check_out_dir(out: str) -> str:
   except OSError:
     entries = set()
   marker = MARKER
-  if entries and MARKER not in entries and entries <= _EARLIER_OUTPUTS:
-    marker = min(entries)  # an earlier version's output: replaced whole like any other
+  if entries and MARKER not in entries and entries <= _EARLIER_OUTPUTS and _our_report(os.path.join(path, "report.md")):
+    marker = "report.md"  # an earlier version's output (its report.md is ours): replaced whole like any other
   try:
     return outputs.check_out_dir(path, marker=marker, what="maxtext-nvfp4 compare output")
   except outputs.OutputError as e:
