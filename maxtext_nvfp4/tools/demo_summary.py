@@ -24,11 +24,12 @@ PROG = "maxtext-nvfp4 demo summary"
 
 
 def _metrics(out: str, label: str) -> str:
-  for name in ("metrics_merged.jsonl", "metrics.jsonl"):
-    path = os.path.join(out, label, name)
-    if os.path.isfile(path):
-      return path
-  return os.path.join(out, label, "metrics.jsonl")
+  """The arm's metrics: ``metrics_merged.jsonl`` when reproduce wrote it from this ``metrics.jsonl`` (not older
+  than it: one left by an earlier run describes another run), else ``metrics.jsonl``."""
+  merged, plain = os.path.join(out, label, "metrics_merged.jsonl"), os.path.join(out, label, "metrics.jsonl")
+  if os.path.isfile(merged) and (not os.path.isfile(plain) or os.path.getmtime(merged) >= os.path.getmtime(plain)):
+    return merged
+  return plain
 
 
 def summary(out: str, *, tolerance: float = 0.03) -> str:

@@ -51,6 +51,19 @@ def test_a_gap_over_the_tolerance_is_a_fail_and_merged_metrics_are_preferred(tmp
   assert "+0.2000 nats" in text and "verdict    FAIL" in text and "metrics_merged.jsonl" in text
 
 
+def test_a_merged_file_older_than_the_metrics_is_an_earlier_runs_and_ignored(tmp_path):
+  out = str(tmp_path / "demo")
+  _pair(out, 0.01)
+  stale = os.path.join(out, "nvfp4", "metrics_merged.jsonl")
+  with open(os.path.join(out, "nvfp4", "metrics.jsonl"), encoding="utf-8") as f, open(stale, "w", encoding="utf-8") as g:
+    for line in f:  # another run's losses (+1 nat)
+      rec = json.loads(line)
+      g.write(json.dumps({**rec, "learning/loss": rec["learning/loss"] + 1}) + "\n")
+  os.utime(stale, (1, 1))  # written before this run's metrics.jsonl
+  text = demo_summary.summary(out)
+  assert "+0.0100 nats" in text and "metrics_merged" not in text
+
+
 def test_missing_metrics_is_one_line_exit_2(tmp_path, capsys):
   assert demo_summary.main([str(tmp_path)]) == 2
   err = capsys.readouterr().err.strip().splitlines()
