@@ -38,9 +38,10 @@ routed to it, an expert no calibration token reached takes its layer's largest) 
 ``--calibrate-on-synthetic``. ``--weights-only`` needs no calibration data.
 
 Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
-checkpoint -- its shapes, or a tensor the written architecture needs that the checkpoint lacks, or one it has
-that the architecture would not load (``hf_conversion.required_names`` / ``unused_by``) -- an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
-exit code 2, all before any weight is read, and ``DIR`` is left as it was.
+checkpoint -- its shapes, or a tensor the written architecture needs that the checkpoint lacks, or one it
+has that the architecture would not load (``hf_conversion.required_names`` / ``unused_by``) --, a run
+record whose recipe is gone, an unsupported model or tokenizer, data that cannot be read) end with ONE line
+on stderr and exit code 2, all before any weight is read, and ``DIR`` is left as it was.
 """
 
 from __future__ import annotations

@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra MaxText overrides for both runs")
   positive = cliargs.number(integer=True, at_least=1)
   p.add_argument("--steps", type=positive, help="training steps (steps=)")
-  p.add_argument("--layers", type=positive, help="decoder layers (base_num_decoder_layers=, override_model_config=true)")
+  p.add_argument("--layers", type=positive,
+                 help="decoder layers (base_num_decoder_layers=, override_model_config=true)")
   p.add_argument("--seq", type=positive, help="sequence length (max_target_length=)")
   p.add_argument("--batch", type=cliargs.number(above=0), help="per-device batch size (per_device_batch_size=)")
   p.add_argument("--seed", type=cliargs.number(integer=True, at_least=0), default=0,

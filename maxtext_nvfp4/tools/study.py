@@ -696,7 +696,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (first call)")
   p.add_argument("--max-chunks", type=cliargs.number(integer=True, at_least=1),
                  help="stop after this many chunks in this call")
-  p.add_argument("--until", type=cliargs.number(integer=True, at_least=1), help="stop once every arm has this many steps")
+  p.add_argument("--until", type=cliargs.number(integer=True, at_least=1),
+                 help="stop once every arm has this many steps")
   p.add_argument("--only", help="comma-separated arms to train in this call (default: all, round-robin)")
   p.add_argument("--status", action="store_true", help="print progress only")
   p.add_argument("--report", action="store_true", help="compare the arms' metrics so far into DIR/compare only")
@@ -709,7 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("--progress-every", type=cliargs.number(above=0), default=60.0,
                  help="seconds between progress lines (default 60)")
   p.add_argument("--python", default=sys.executable, help="interpreter of the training runs")
-  p.add_argument("--poll", type=cliargs.number(above=0), default=0.25, help=argparse.SUPPRESS)  # seconds between checks of a chunk
+  # seconds between checks of a chunk
+  p.add_argument("--poll", type=cliargs.number(above=0), default=0.25, help=argparse.SUPPRESS)
   return p
 
 

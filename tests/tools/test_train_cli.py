@@ -171,17 +171,17 @@ def test_a_relaunch_leaves_the_record_of_the_checkpoints_beside_it(tmp_path, mon
   from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
 
   monkeypatch.chdir(tmp_path)
-  base = ["base_output_directory=" + str(tmp_path / "runs"), "run_name=r"]
-  first = train._record_run(["a.yml", *base, "learning_rate=0.1"], {"base_output_directory": str(tmp_path / "runs"),
-                                                                     "run_name": "r"})  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  cfg = {"base_output_directory": str(tmp_path / "runs"), "run_name": "r"}
+  base = [f"base_output_directory={tmp_path / 'runs'}", "run_name=r"]
+  first = train._record_run(["a.yml", *base, "learning_rate=0.1"], cfg)
   os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "4")
-  train._settle_record(first, 0)  # pylint: disable=protected-access
-  second = train._record_run(["a.yml", *base, "learning_rate=0.2"], {"base_output_directory": str(tmp_path / "runs"),
-                                                                      "run_name": "r"})  # pylint: disable=protected-access
+  train._settle_record(first, 0)
+  second = train._record_run(["a.yml", *base, "learning_rate=0.2"], cfg)
   assert "learning_rate=0.2" in run_record.find(second.path)[1]
   if new_step:
     os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "8")
-  train._settle_record(second, rc)  # pylint: disable=protected-access
+  train._settle_record(second, rc)
   found = run_record.find(str(tmp_path / "runs" / "r" / "checkpoints" / "4" / "items"))
   assert found is not None and f"learning_rate={'0.1' if kept == 'first' else '0.2'}" in found[1]
 
@@ -205,9 +205,11 @@ def test_a_finished_run_ends_on_where_everything_went(tmp_path, monkeypatch, cap
   monkeypatch.setattr("maxtext_nvfp4.integration.log_filter.install", lambda *a, **k: True)
   assert train.cli_main(["demo_nvfp4", "steps=10", "enable_checkpointing=true"]) == 0
   last = capsys.readouterr().out.strip().splitlines()[-2:]
-  assert last[0].startswith("maxtext-nvfp4 train: done; ") and f"metrics {tmp_path / 'runs' / 'demo_nvfp4.jsonl'}" in last[0]
+  assert last[0].startswith("maxtext-nvfp4 train: done; ")
+  assert f"metrics {tmp_path / 'runs' / 'demo_nvfp4.jsonl'}" in last[0]
   assert f"run record {run / 'maxtext_nvfp4_run.json'}" in last[0] and (run / "maxtext_nvfp4_run.json").is_file()
-  assert f"checkpoints {run / 'checkpoints'} (steps 4, 9)" in last[0] and f"TensorBoard {run / 'tensorboard'}" in last[0]
+  assert f"checkpoints {run / 'checkpoints'} (steps 4, 9)" in last[0]
+  assert f"TensorBoard {run / 'tensorboard'}" in last[0]
   assert last[1].startswith("next: ") and f"export {run / 'checkpoints'} --out {run}_hf" in last[1]
 
 
