@@ -390,6 +390,12 @@ def _type_error(key: str, v: Any, want: type, choices: tuple[str, ...]) -> str:
   return f"{key}={shown}{yaml} must be {kind}"
 
 
+def _cmd() -> str:
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+
+  return cli.shell_command()
+
+
 def settings_error(values: Mapping[str, Any]) -> str | None:
   """One line when the ``nvfp4_*`` keys of an effective config are invalid (type, choice, range, or
   against ``base_num_decoder_layers`` / ``steps`` / ``scan_layers``), else None: the checks the plugin
@@ -444,10 +450,10 @@ def missing_data_error(values: Mapping[str, Any]) -> str | None:
       if not pattern or "://" in pattern or glob.glob(os.path.expanduser(pattern)):
         continue
       if pattern.startswith("data/embedded_sft/"):
-        fix = ("build the fine-tuning demo data here first with `maxtext-nvfp4 prepare-sft-data` (writes"
+        fix = (f"build the fine-tuning demo data here first with `{_cmd()} prepare-sft-data` (writes"
                " data/embedded_sft/ in the current directory), or run from the directory that holds data/")
       elif pattern.startswith("data/embedded/"):
-        fix = ("build the demo data here first with `maxtext-nvfp4 prepare-data` (writes data/embedded/ in the"
+        fix = (f"build the demo data here first with `{_cmd()} prepare-data` (writes data/embedded/ in the"
                " current directory), or run from the directory that holds data/")
       else:
         fix = f"check the path or set {key}=... to your files"

@@ -356,7 +356,7 @@ def cli_main(argv: list[str]) -> int:
       print(plan.label)
       for label, _, run_argv, _, _ in plan.runs:
         print(f"# {label}\n{shlex.join(run_argv)}")
-      cmp = ["maxtext-nvfp4", "compare"] + [f"{lbl}={m}" for lbl, _, _, m, _ in plan.runs] + \
+      cmp = [*shlex.split(cli_mod.shell_command()), "compare"] + [f"{lbl}={m}" for lbl, _, _, m, _ in plan.runs] + \
           ["--out", str(plan.compare_dir), "--tolerance", f"{a.tolerance:g}", "--label", plan.label]
       cmp += (["--warmup", str(a.warmup)] if a.warmup is not None else []) + \
           (["--smooth", str(a.smooth)] if a.smooth is not None else []) + (["--no-plots"] if a.no_plots else [])

@@ -122,7 +122,7 @@ def prepare(source: str, out: str, *, log=None) -> tuple[dict, bool]:
   try:
     src = _manifest(source)
   except SftDataError as e:
-    raise SftDataError(f"--source {source}: {e}; rebuild it with `maxtext-nvfp4 prepare-data`") from None
+    raise SftDataError(f"--source {source}: {e}; rebuild it with `{cli.shell_command()} prepare-data`") from None
   if src is None:
     raise SftDataError(f"{source}: no prepare-data output here (no manifest.json); run `maxtext-nvfp4 prepare-data`"
                        " first, or pass --source DIR")

@@ -525,7 +525,8 @@ class Study:
                  + (f", {len(bad)} DIFFER" if bad else " equal bit for bit")) if chk else ""
       status = st["status"]
       if status == "running" and not alive:
-        status = f"killed (no study process runs; continue with: {PROG} {shlex.quote(str(self.layout.root))})"
+        status = (f"killed (no study process runs; continue with: {cli_mod.shell_command()} study"
+                  f" {shlex.quote(str(self.layout.root))})")
       lines.append(f"  {arm:<14} {done:>7}/{total} steps ({100 * done / total:5.1f} %), "
                    f"{st['chunks']} chunk(s), {_fmt_s(st['wall_s'])} of training{loss}, {status}{left}{resumed}")
     return lines
@@ -859,7 +860,8 @@ def cli_main(argv: list[str]) -> int:
     for arm in spec.arms:
       study.refresh(arm)
     study.save_state()
-    print(f"{PROG}: interrupted; continue with: {PROG} {shlex.quote(str(root))}", file=sys.stderr)
+    print(f"{PROG}: interrupted; continue with: {cli_mod.shell_command()} study {shlex.quote(str(root))}",
+          file=sys.stderr)
     return int(e.code)
   finally:
     for s, h in old.items():

@@ -254,7 +254,7 @@ def test_status_of_a_killed_study_does_not_say_running(tmp_path, fake, capsys):
   assert cli(["study", str(d), "--status"]) == 0
   out = capsys.readouterr().out.splitlines()
   line = next(l for l in out if l.strip().startswith("nvfp4"))
-  assert "running" not in line and "killed" in line and f"maxtext-nvfp4 study {d}" in line, line
+  assert "running" not in line and "killed" in line and f"maxtext-nvfp4 study {d}" in line, line  # (or its path)
   bf16 = next(l for l in out if l.strip().startswith("bf16"))
   assert "4/10 steps" in bf16 and ", loss " in bf16, bf16  # where the next call resumes, read from disk
   with open(d / study.LOCK_FILE, encoding="utf8") as lock:  # a live study process holds the lock
