@@ -13,7 +13,10 @@ from maxtext_nvfp4.integration import touchpoints
 
 
 def one_line_error(e) -> Exception | None:
-  """A pydantic ValidationError on ``quantization``/``nvfp4_*`` as one line (key=value: allowed), or None."""
+  """A pydantic ValidationError on ``quantization``/``nvfp4_*`` as one line (key=value: allowed), or None (also for
+  any other exception: a missing recipe file is an ``OSError``)."""
+  if not callable(getattr(e, "errors", None)):
+    return None
   ours = [err for err in e.errors() if err.get("loc") and str(err["loc"][0]).startswith(("nvfp4_", "quantization"))]
   if not ours:
     return None

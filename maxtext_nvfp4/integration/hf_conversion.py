@@ -163,6 +163,21 @@ class Converter:
     self.items = [it for key, value in names.items() if key in present
                   for it in _flatten(real[key], value, scan, int(config.param_scan_axis), facts.scanned_expert_axes)]
 
+  def check_complete(self, shape: hf_forward.DecoderShape, hf_cfg: dict) -> None:
+    """:class:`checkpoint.CheckpointError` (one line) when the checkpoint lacks a tensor the written architecture
+    needs (:func:`required_names`): MaxText's conversion maps what the checkpoint has, so a checkpoint of another
+    block (a Llama run under ``model_name=qwen3-0.6b``) would otherwise export without its q/k norms or biases."""
+    have = {it.hf_name for it in self.items}
+    arch = hf_cfg["architectures"][0]
+    missing = [n for n in required_names(shape, hf_cfg) if n not in have]
+    extra = sorted(n for n in have if unused_by(n, shape, hf_cfg))
+    if missing or extra:
+      what = (f"has nothing for {missing[0]} ({len(missing)} tensor(s) that {arch} needs are missing)" if missing
+              else f"has {extra[0]} ({len(extra)} tensor(s) that {arch} does not load: a server would drop them)")
+      raise checkpoint.CheckpointError(
+          f"checkpoint {self.items_dir}: {what}: it was not trained as this model; pass the --config"
+          " (model_name, decoder_block) the run trained with")
+
   def names(self, layer: int | None) -> list[str]:
     return [it.hf_name for it in self.items if it.layer == layer]
 
@@ -191,6 +206,40 @@ class Converter:
         out[it.hf_name] = np.ascontiguousarray(a)
       del arr
     return out
+
+
+def required_names(shape: hf_forward.DecoderShape, hf_cfg: dict) -> list[str]:
+  """HF tensors (``.weight`` / ``.bias`` names) the architecture cannot be served without: the embedding, the
+  final norm, ``lm_head`` unless ``tie_word_embeddings``; per layer every linear (:func:`hf_forward.layer_names`),
+  the router of an MoE layer, the q/k norms (``qk_norm``) and the q/k/v biases (``attention_bias``)."""
+  out = ["model.embed_tokens.weight", "model.norm.weight"]
+  if not hf_cfg.get("tie_word_embeddings"):
+    out.append("lm_head.weight")
+  for layer in range(shape.num_layers):
+    p = f"model.layers.{layer}.self_attn."
+    out += [n + ".weight" for n in hf_forward.layer_names(shape, layer)]
+    if hf_forward.is_moe_layer(shape, layer):
+      out.append(f"model.layers.{layer}.{shape.moe.block}.{shape.moe.router}.weight")
+    if shape.qk_norm:
+      out += [p + "q_norm.weight", p + "k_norm.weight"]
+    if shape.attention_bias:
+      out += [p + f"{n}.bias" for n in ("q_proj", "k_proj", "v_proj")]
+  return out
+
+
+def unused_by(name: str, shape: hf_forward.DecoderShape, hf_cfg: dict) -> bool:
+  """Whether the architecture has no place for HF tensor ``name`` that MaxText's shared conversion of related
+  blocks maps anyway: ``lm_head`` with tied embeddings, q/k norms without ``qk_norm``, attention biases without
+  ``attention_bias``."""
+  if name == "lm_head.weight":
+    return bool(hf_cfg.get("tie_word_embeddings"))
+  if not _LAYER.match(name):
+    return False
+  if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+    return not shape.qk_norm
+  if name.endswith(("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias")):
+    return not shape.attention_bias
+  return False
 
 
 def linear_role(name: str, shape: hf_forward.DecoderShape) -> str:
@@ -242,6 +291,7 @@ def to_hf(items_dir: str, config, dims: dict) -> HfModel:
   cfg = export_arch.hf_config(config, dims)
   conv = Converter(items_dir, config, dims, cfg)
   shape = export_arch.forward_shape(config, dims)
+  conv.check_complete(shape, cfg)
   tensors = conv.tensors(None)
   for layer in range(shape.num_layers):
     tensors.update(conv.tensors(layer))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Sequence
 from maxtext_nvfp4.tools import cli
 from maxtext_nvfp4.tools import cliargs
 from maxtext_nvfp4.tools import metrics
+from maxtext_nvfp4.tools import outputs
 from maxtext_nvfp4.tools import report
 from maxtext_nvfp4.tools.comparison import Comparison, Options, compare_runs  # noqa: F401  (public API)
 from maxtext_nvfp4.tools.metrics import InputError, Run  # noqa: F401  (public API)
@@ -47,14 +49,36 @@ def load_run(arg: str) -> Run:
   return metrics.read(raw, name=name)
 
 
-def check_out_dir(out: str) -> None:
-  """``--out`` must be a directory (existing or creatable) we may write into. Raises :class:`InputError`."""
-  path = Path(out)
-  if path.exists() and not path.is_dir():
-    raise InputError(f"--out {out}: exists and is not a directory; pass a directory for report.md and the plots")
-  existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
-  if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-    raise InputError(f"--out {out}: {existing} is not a writable directory; pass another --out")
+# written last into every compare output (what was compared, with which options): what marks a folder as ours
+MARKER = "maxtext_nvfp4_compare.json"
+# what compare wrote before it wrote MARKER: a folder holding only these is an earlier compare output too
+_EARLIER_OUTPUTS = frozenset({"report.md", "loss.png", "throughput.png", "drift.png", "stability.png"})
+
+
+def _our_report(path: str) -> bool:
+  try:
+    with open(path, encoding="utf8") as f:
+      return f.readline().strip() == "# maxtext-nvfp4 compare"  # report.render_markdown's first line
+  except (OSError, UnicodeDecodeError):
+    return False
+
+
+def check_out_dir(out: str) -> str:
+  """``--out``'s absolute path once it may be (re)written as a whole: new (its parent exists), empty, or an earlier
+  compare output, which is replaced whole, stale figures included (:mod:`maxtext_nvfp4.tools.outputs`); a folder
+  holding anything else is refused. Raises :class:`InputError`."""
+  path = os.path.abspath(os.path.expanduser(out))
+  try:
+    entries = set(os.listdir(path)) if os.path.isdir(path) else set()
+  except OSError:
+    entries = set()
+  marker = MARKER
+  if entries and MARKER not in entries and entries <= _EARLIER_OUTPUTS and _our_report(os.path.join(path, "report.md")):
+    marker = "report.md"  # an earlier version's output (its report.md is ours): replaced whole like any other
+  try:
+    return outputs.check_out_dir(path, marker=marker, what="maxtext-nvfp4 compare output")
+  except outputs.OutputError as e:
+    raise InputError(str(e)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,9 +126,22 @@ def run_compare(run_args: Sequence[str], *, baseline: str | None = None, out: st
     return 2
   print(report.render_terminal(c), file=stream)
   if out:
-    paths = report.write_outputs(c, out, plots=plots)
+    out = check_out_dir(out)
+    written: dict[str, str] = {}
+    marker = {"producer": PROG, "version": _version(), "runs": {r.run.name: list(r.run.paths) for r in c.results},
+              "baseline": c.results[0].run.name, "label": label,
+              "options": {k: v for k, v in dataclasses.asdict(c.options).items() if k != "drift"}}
+    outputs.publish_dir(out, lambda tmp: written.update(report.write_outputs(c, tmp, plots=plots)), marker=MARKER,
+                        marker_text=json.dumps(marker, indent=2) + "\n")
+    paths = {k: os.path.join(out, os.path.basename(v)) for k, v in written.items()}
     print("wrote " + ", ".join(paths[k] for k in sorted(paths)), file=stream)
   return c.exit_code
+
+
+def _version() -> str:
+  import maxtext_nvfp4  # pylint: disable=import-outside-toplevel
+
+  return maxtext_nvfp4.__version__
 
 
 def cli_main(argv: list[str]) -> int:

@@ -7,8 +7,9 @@ loader and comparison (so the numbers are the report's), and prints:
 
   * the loss gap: mean (NVFP4 - BF16) training loss over the converged steps, in nats and relative to
     BF16, the final and eval losses, and the verdict against the tolerance;
-  * the step-time ratio: median NVFP4 step time / median BF16 step time (the NVFP4 arm is emulated on a
-    CPU: not Blackwell's FP4 speed-up; the arms run one after the other, so other load moves it);
+  * the speedup as compare's table states it: median BF16 step time / median NVFP4 step time (below 1: NVFP4
+    slower; the NVFP4 arm is emulated on a CPU: not Blackwell's FP4 speed-up; the arms run one after the
+    other, so other load moves it);
   * where the report and the plots are, and the next commands (compare, train with checkpoints, export).
 
 Exit code: 0 when it printed, 2 (one line) when a metrics file is missing or unreadable.
@@ -23,15 +24,17 @@ PROG = "maxtext-nvfp4 demo summary"
 
 
 def _metrics(out: str, label: str) -> str:
-  for name in ("metrics_merged.jsonl", "metrics.jsonl"):
-    path = os.path.join(out, label, name)
-    if os.path.isfile(path):
-      return path
-  return os.path.join(out, label, "metrics.jsonl")
+  """The arm's metrics: ``metrics_merged.jsonl`` when reproduce wrote it from this ``metrics.jsonl`` (not older
+  than it: one left by an earlier run describes another run), else ``metrics.jsonl``."""
+  merged, plain = os.path.join(out, label, "metrics_merged.jsonl"), os.path.join(out, label, "metrics.jsonl")
+  if os.path.isfile(merged) and (not os.path.isfile(plain) or os.path.getmtime(merged) >= os.path.getmtime(plain)):
+    return merged
+  return plain
 
 
 def summary(out: str, *, tolerance: float = 0.03) -> str:
   """The summary text for the reproduce output folder ``out``; raises ``compare.InputError``."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import compare  # pylint: disable=import-outside-toplevel
 
   runs = [compare.load_run(f"{label}={_metrics(out, label)}") for label in ("bf16", "nvfp4")]
@@ -49,19 +52,23 @@ def summary(out: str, *, tolerance: float = 0.03) -> str:
                     if loss.eval_loss is not None and loss.eval_loss_baseline is not None else ""))
   lines.append(f"verdict    {nv.verdict} (tolerance {tolerance:g} nats; overall: {c.verdict})")
   t_nv, t_b = nv.throughput.median_step_time, base.throughput.median_step_time
-  if t_nv and t_b:
-    lines.append(f"step time  NVFP4 {t_nv:.3f} s / BF16 {t_b:.3f} s = {t_nv / t_b:.2f}x (medians; the NVFP4 arm is"
-                 " emulated here (exact, no FP4 hardware), so this is not Blackwell's speed-up; other load on the"
-                 " machine moves it)")
+  if t_nv and t_b and nv.throughput.speedup:  # compare's direction: baseline time / run time (> 1: faster)
+    lines.append(f"speedup    BF16 {t_b:.3f} s / NVFP4 {t_nv:.3f} s = {nv.throughput.speedup:.3f}x (median step times,"
+                 f" as compare's table; NVFP4 {'slower' if nv.throughput.speedup < 1 else 'faster'} here: it is"
+                 " emulated (exact, no FP4 hardware), so this is not Blackwell's speed-up; other load on the machine"
+                 " moves it)")
   cmp_dir = os.path.join(out, "compare")
   lines.append(f"report     {os.path.join(cmp_dir, 'report.md')}")
   plots = [os.path.join(cmp_dir, p) for p in ("loss.png", "throughput.png") if os.path.isfile(os.path.join(cmp_dir, p))]
   lines.append(f"plots      {', '.join(plots) if plots else '(none written)'}")
-  lines += ["next       maxtext-nvfp4 compare bf16=" + _metrics(out, "bf16") + " nvfp4=" + _metrics(out, "nvfp4")
-            + " --out my_compare",
-            "           python -m maxtext_nvfp4.train demo_nvfp4 enable_checkpointing=true async_checkpointing=false",
-            "           maxtext-nvfp4 export runs/demo_nvfp4/checkpoints --out runs/demo_nvfp4_hf"
+  mt, py = cli.shell_command("maxtext-nvfp4"), cli.shell_command("python")
+  lines += [f"next       {mt} compare bf16={_metrics(out, 'bf16')} nvfp4={_metrics(out, 'nvfp4')} --out my_compare",
+            f"           {py} -m maxtext_nvfp4.train demo_nvfp4 enable_checkpointing=true async_checkpointing=false",
+            f"           {mt} export runs/demo_nvfp4/checkpoints --out runs/demo_nvfp4_hf"
             "   # NVFP4 checkpoint for vLLM (docs/export.md)"]
+  if mt.startswith((".", "/")):
+    lines.append(f"           (or first: source {os.path.join(os.path.dirname(py), 'activate')}, then maxtext-nvfp4"
+                 " and python are this environment's)")
   return "\n".join(lines)
 
 

@@ -38,8 +38,10 @@ routed to it, an expert no calibration token reached takes its layer's largest) 
 ``--calibrate-on-synthetic``. ``--weights-only`` needs no calibration data.
 
 Errors (an ``--out`` that cannot be written, bad checkpoint path, a config that does not fit the
-checkpoint, an unsupported model or tokenizer, data that cannot be read) end with ONE line on stderr and
-exit code 2, all before any weight is read, and ``DIR`` is left as it was.
+checkpoint -- its shapes, or a tensor the written architecture needs that the checkpoint lacks, or one it
+has that the architecture would not load (``hf_conversion.required_names`` / ``unused_by``) --, a run
+record whose recipe is gone, an unsupported model or tokenizer, data that cannot be read) end with ONE line
+on stderr and exit code 2, all before any weight is read, and ``DIR`` is left as it was.
 """
 
 from __future__ import annotations
@@ -268,7 +270,14 @@ def resolve_config_args(items: str, config: str | None, overrides: list[str]) ->
     return ([recipes.find_recipe(config)] if config else []) + list(overrides), "the command line"
   found = run_record.find(items)
   if found:
-    return found[1], found[0]
+    record, args = found
+    recipe = args[0] if args and "=" not in args[0] else None
+    if recipe and not os.path.isfile(recipe):  # moved or deleted since the run: MaxText would say only ENOENT
+      from maxtext_nvfp4.integration import checkpoint as ckpt  # pylint: disable=import-outside-toplevel
+
+      raise ckpt.CheckpointError(f"the run's record {record} names the recipe {recipe}, which no longer exists;"
+                                 " pass --config RECIPE.yml (and the key=value overrides the run trained with)")
+    return args, record
   return [], "MaxText's base.yml (no --config and no maxtext_nvfp4_run.json beside the checkpoint)"
 
 
@@ -315,6 +324,7 @@ def run_export(checkpoint: str, out_dir: str, config_args: list[str] | None, *, 
   shape = export_arch.forward_shape(config, dims)
   hf_cfg = export_arch.hf_config(config, dims)
   conv = hf_conversion.Converter(items, config, dims, hf_cfg)
+  conv.check_complete(shape, hf_cfg)  # every tensor the architecture needs (extra ones: the Converter refuses)
   trained = hf_conversion.trained_nvfp4(config, shape)
   names = quantized_linears(trained, quantize)
   if not names:

@@ -34,10 +34,15 @@ def _wrap(text: str, width: int = 110) -> str:
 
 
 def loss_figure(c: Comparison) -> Figure:
-  """Top: raw (faint) and smoothed training loss per run; bottom: smoothed gap vs the baseline."""
-  fig = Figure(figsize=(10, 7.5), dpi=100)
+  """Top: raw (faint) and smoothed training loss per run; bottom, when a run is compared with the baseline: the
+  smoothed gap vs the baseline (a single run: the top panel alone)."""
+  compared = any(not r.is_baseline and r.loss is not None for r in c.results)
+  fig = Figure(figsize=(10, 7.5 if compared else 5), dpi=100)
   FigureCanvasAgg(fig)
-  top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  if compared:
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  else:
+    top = fig.subplots(1, 1)
   n_marked = 0  # non-finite-loss labels drawn so far: each one goes a line lower, so none overprints another
   for i, res in enumerate(c.results):
     steps = res.run.sorted_steps
@@ -60,6 +65,11 @@ def loss_figure(c: Comparison) -> Figure:
   top.set_title((_wrap(c.label) + "\n" if c.label else "") + title, fontsize=11)
   top.grid(alpha=0.3)
   top.legend(loc="best")
+  if not compared:
+    top.set_xlabel("step")
+    top.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
 
   tol = c.options.tolerance
   bottom.axhline(0.0, color="black", linewidth=0.8)
@@ -93,13 +103,18 @@ def loss_figure(c: Comparison) -> Figure:
 
 
 def throughput_figure(c: Comparison) -> Figure:
-  """Bars: median step time (annotated with the speedup) and tokens/s/device per run."""
-  fig = Figure(figsize=(10, 4.5), dpi=100)
+  """Bars: median step time (annotated with the speedup) and tokens/s/device per run; a panel no run has a value
+  for is left out (tokens/s needs MaxText's per-device token count), the step-time panel always drawn."""
+  kinds = [(attr, gid, ylabel, title) for attr, gid, ylabel, title in (
+      ("median_step_time", "step_time", "median step time (s)", "Median step time after warm-up (speedup vs baseline)"),
+      ("tokens_per_sec", "tokens", "tokens/s/device", "Throughput per device"))
+           if attr == "median_step_time" or any(getattr(r.throughput, attr) is not None for r in c.results)]
+  fig = Figure(figsize=(5 + 5 * (len(kinds) > 1), 4.5), dpi=100)
   FigureCanvasAgg(fig)
-  left, right = fig.subplots(1, 2)
+  axes = fig.subplots(1, len(kinds), squeeze=False)[0]
   names = [r.run.name for r in c.results]
-  for ax, attr, gid, ylabel in ((left, "median_step_time", "step_time", "median step time (s)"),
-                                (right, "tokens_per_sec", "tokens", "tokens/s/device")):
+  for ax, (attr, gid, ylabel, title) in zip(axes, kinds):
+    ax.set_title(title, fontsize=10)
     for i, res in enumerate(c.results):
       v = getattr(res.throughput, attr)
       bar = ax.bar(i, 0.0 if v is None else v, color=_color(i), gid=f"{gid}:{res.run.name}")
@@ -117,8 +132,6 @@ def throughput_figure(c: Comparison) -> Figure:
     ax.margins(y=0.2)
     ax.grid(axis="y", alpha=0.3)
   skipped = ", ".join(f"{r.run.name}: {r.throughput.measured} steps" for r in c.results)
-  left.set_title("Median step time after warm-up (speedup vs baseline)", fontsize=10)
-  right.set_title("Throughput per device", fontsize=10)
   fig.suptitle((_wrap(c.label) + "\n" if c.label else "") + f"measured steps: {skipped}", fontsize=9)
   fig.tight_layout()
   return fig
@@ -127,20 +140,27 @@ def throughput_figure(c: Comparison) -> Figure:
 
 def drift_figure(c: Comparison) -> Figure:
   """Top: each run's gap vs the baseline over steps on a log x axis (trailing average, faint) with the window
-  means and their 95 % bands and the fitted trend; bottom: the ``*_underflow`` diagnostics over steps (log x).
+  means and their 95 % bands and the fitted trend; bottom, when a run recorded them: the ``*_underflow``
+  diagnostics over steps (log x); without them the figure is the top panel alone and says why under it.
   gids: ``gapline:NAME``, ``windows:NAME``, ``trend:NAME``, ``underflow:NAME:KEY``."""
-  fig = Figure(figsize=(10, 7.5), dpi=100)
+  drifting = [(i, res) for i, res in enumerate(c.results)
+              if not res.is_baseline and res.drift is not None and res.drift.gap.trend is not None]
+  underflow = [(i, res.run.name, key, list(zip(*pts)))
+               for i, res in drifting for key, series in sorted(res.run.diagnostics.items())
+               if key.endswith("_underflow")
+               for pts in [[(s, v) for s, v in series if s > 0 and math.isfinite(v)]] if pts]
+  fig = Figure(figsize=(10, 7.5 if underflow else 5.5), dpi=100)
   FigureCanvasAgg(fig)
-  top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  if underflow:
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+  else:
+    top, bottom = fig.subplots(1, 1), None
   base = c.results[0].run
   top.axhline(0.0, color="black", linewidth=0.8)
   top.axhline(c.options.tolerance, color="#c44e52", linestyle="--", linewidth=1,
               label=f"tolerance +{c.options.tolerance:g}")
-  any_diag = False
-  for i, res in enumerate(c.results):
+  for i, res in drifting:
     d = res.drift
-    if res.is_baseline or d is None or d.gap.trend is None:
-      continue
     steps = list(res.loss.steps)
     gaps = [res.run.loss(s) - base.loss(s) for s in steps]
     pos = [(s, g) for s, g in zip(steps, moving_average(gaps, c.smooth)) if s > 0]
@@ -157,72 +177,71 @@ def drift_figure(c: Comparison) -> Figure:
     x0, x1 = w[0].center, w[-1].center
     top.plot([x0, x1], [t.start, t.start + t.rise], color=_color(i), linestyle=":", linewidth=1.5,
              gid=f"trend:{res.run.name}")
-    for key, series in sorted(res.run.diagnostics.items()):
-      if not key.endswith("_underflow"):
-        continue
-      pts = [(s, v) for s, v in series if s > 0 and math.isfinite(v)]
-      if pts:
-        xs, ys = zip(*pts)
-        bottom.plot(xs, ys, linewidth=1, label=f"{res.run.name}: {key.removeprefix('nvfp4/')}",
-                    gid=f"underflow:{res.run.name}:{key}")
-        any_diag = True
+  for i, name, key, (xs, ys) in underflow:
+    bottom.plot(xs, ys, linewidth=1, label=f"{name}: {key.removeprefix('nvfp4/')}", gid=f"underflow:{name}:{key}")
   top.set_xscale("log")
   top.set_ylabel("loss gap (nats)")
   top.set_title((_wrap(c.label) + "\n" if c.label else "") + "Loss gap over steps (log x)", fontsize=11)
   top.grid(alpha=0.3, which="both")
   top.legend(loc="best", fontsize=8)
-  if any_diag:
+  last = bottom if bottom is not None else top
+  if bottom is not None:
     bottom.set_ylabel("underflow fraction")
     bottom.legend(loc="best", fontsize=6, ncol=2)
-  else:
-    bottom.annotate("no nvfp4/*_underflow diagnostics in these runs (nvfp4_diagnostics=true records them)",
-                    (0.5, 0.5), xycoords="axes fraction", ha="center", fontsize=9)
-  bottom.set_xscale("log")
-  bottom.set_xlabel("step (log)")
-  bottom.grid(alpha=0.3, which="both")
+    bottom.set_xscale("log")
+    bottom.grid(alpha=0.3, which="both")
+  last.set_xlabel("step (log)" + ("" if bottom is not None else "   (no nvfp4/*_underflow diagnostics in these runs:"
+                                                                 " nvfp4_diagnostics=true records them)"))
   fig.tight_layout()
   return fig
 
 
 def stability_figure(c: Comparison) -> Figure:
-  """Gradient fidelity and telemetry over steps (log x), one colour per run. Top: ``nvfp4/model/dw_cos`` (solid)
-  and the lowest expert cosine per step (dashed); middle: the residual stream's RMS, smallest and largest over
-  layers (log y); bottom: the MoE load imbalance, largest over layers. gids: ``cos:NAME``, ``expert_cos:NAME``,
+  """Gradient fidelity and telemetry over steps (log x), one colour per run, one panel per kind some run recorded
+  (the others named under the last panel, not drawn empty): ``nvfp4/model/dw_cos`` (solid) and the lowest expert
+  cosine per step (dashed); the residual stream's RMS, smallest and largest over layers (log y); the MoE load
+  imbalance, largest over layers. gids: ``cos:NAME``, ``expert_cos:NAME``,
   ``rms_min:NAME``, ``rms_max:NAME``, ``load:NAME``."""
   fig = Figure(figsize=(10, 8), dpi=100)
   FigureCanvasAgg(fig)
-  top, mid, bottom = fig.subplots(3, 1, sharex=True)
+
+  def pts_of(series):
+    return [(s, v) for s, v in series if s > 0 and math.isfinite(v)]
 
   def draw(ax, series, i, gid, label, style="-"):
-    pts = [(s, v) for s, v in series if s > 0 and math.isfinite(v)]
+    pts = pts_of(series)
     if pts:
       xs, ys = zip(*pts)
       ax.plot(xs, ys, style, color=_color(i), linewidth=1, marker=".", ms=3, gid=gid, label=label)
-      return True
-    return False
 
-  drawn = {top: False, mid: False, bottom: False}
-  for i, res in enumerate(c.results):
-    d, name = res.run.diagnostics, res.run.name
-    drawn[top] |= draw(top, d.get("nvfp4/model/dw_cos", []), i, f"cos:{name}", f"{name}: model")
-    drawn[top] |= draw(top, expert_cos_min(d), i, f"expert_cos:{name}", f"{name}: lowest expert", "--")
-    drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_min", []), i, f"rms_min:{name}", f"{name}: min over layers", "--")
-    drawn[mid] |= draw(mid, d.get("nvfp4/residual/rms_max", []), i, f"rms_max:{name}", f"{name}: max over layers")
-    drawn[bottom] |= draw(bottom, d.get("nvfp4/moe/load_max", []), i, f"load:{name}", name)
-  for ax, title, empty in ((top, "gradient cosine with the high-precision gradient (dw_cos)",
-                            "no nvfp4/*/dw_cos (nvfp4_diagnostics_grad=true records them)"),
-                           (mid, "residual-stream RMS", "no nvfp4/residual/* (nvfp4_diagnostics=true records them)"),
-                           (bottom, "MoE load: busiest expert / mean", "no MoE layers (or no nvfp4_diagnostics)")):
+  panels = [("cos", "gradient cosine with the high-precision gradient (dw_cos)",
+             "dw_cos (nvfp4_diagnostics_grad=true records it)"),
+            ("rms", "residual-stream RMS", "residual RMS (nvfp4_diagnostics=true records it)"),
+            ("load", "MoE load: busiest expert / mean", "MoE load (MoE layers with nvfp4_diagnostics=true)")]
+  # panel -> the run's diagnostics -> [(series, gid, label, line style)]
+  series = {"cos": lambda d: [(d.get("nvfp4/model/dw_cos", []), "cos", "model", "-"),
+                              (expert_cos_min(d), "expert_cos", "lowest expert", "--")],
+            "rms": lambda d: [(d.get("nvfp4/residual/rms_min", []), "rms_min", "min over layers", "--"),
+                              (d.get("nvfp4/residual/rms_max", []), "rms_max", "max over layers", "-")],
+            "load": lambda d: [(d.get("nvfp4/moe/load_max", []), "load", "", "-")]}
+  has = [p for p in panels if any(pts_of(ser) for res in c.results for ser, *_ in series[p[0]](res.run.diagnostics))]
+  missing = [p[2] for p in panels if p not in has]
+  has = has or panels[:1]  # (the figure is drawn only when a run recorded one of them: report.has_stability)
+  fig.set_size_inches(10, 2.2 + 2.6 * len(has))
+  axes = fig.subplots(len(has), 1, sharex=True, squeeze=False)[:, 0]
+  for ax, (kind, title, _) in zip(axes, has):
+    for i, res in enumerate(c.results):
+      name = res.run.name
+      for ser, gid, label, style in series[kind](res.run.diagnostics):
+        draw(ax, ser, i, f"{gid}:{name}", f"{name}: {label}" if label else name, style)
     ax.set_title(title, fontsize=10)
     ax.set_xscale("log")
     ax.grid(alpha=0.3, which="both")
-    if drawn[ax]:
+    if ax.get_lines():
       ax.legend(loc="best", fontsize=7)
-    else:
-      ax.annotate(empty, (0.5, 0.5), xycoords="axes fraction", ha="center", fontsize=9)
-  if drawn[mid]:
-    mid.set_yscale("log")
-  bottom.set_xlabel("step (log)")
+    if kind == "rms" and ax.get_lines():
+      ax.set_yscale("log")
+  axes[-1].set_xlabel("step (log)" + (f"   (not recorded: {'; '.join(missing)})" if missing else ""))
   if c.label:
     fig.suptitle(_wrap(c.label), fontsize=9)
   fig.tight_layout()

@@ -376,6 +376,26 @@ def load_recipe(path: str) -> dict[str, Any]:
   return dict(resolve([path]).values)
 
 
+def _type_error(key: str, v: Any, want: type, choices: tuple[str, ...]) -> str:
+  """One line for an ``nvfp4_*`` value of the wrong type, in YAML's spelling (``no`` arrives as false, ``1`` as an
+  integer, an empty value as null), with the choices of an enumerated key."""
+  shown = "null (empty)" if v is None else str(v).lower() if isinstance(v, bool) else repr(v) if isinstance(v, str) \
+      else str(v)
+  yaml = ("" if isinstance(v, str) else " (YAML read it as null: nothing after =)" if v is None
+          else " (YAML read it as a boolean: yes/no/on/off)" if isinstance(v, bool)
+          else " (YAML read it as a number)" if want is str else "")
+  if choices:
+    return f"{key}={shown}{yaml} is not allowed; choose one of: {', '.join(choices)}"
+  kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[want]
+  return f"{key}={shown}{yaml} must be {kind}"
+
+
+def _cmd() -> str:
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+
+  return cli.shell_command()
+
+
 def settings_error(values: Mapping[str, Any]) -> str | None:
   """One line when the ``nvfp4_*`` keys of an effective config are invalid (type, choice, range, or
   against ``base_num_decoder_layers`` / ``steps`` / ``scan_layers``), else None: the checks the plugin
@@ -386,11 +406,13 @@ def settings_error(values: Mapping[str, Any]) -> str | None:
   for key, default in settings.config_keys().items():
     v = values.get(key, default)
     want = types[key]
+    choices = settings.CHOICES.get(settings.field_of_key(key), ())
+    if v is None and "none" in choices:
+      v = "none"  # what MaxText's pyconfig makes of "none", read back as from_config does
     ok = (isinstance(v, bool) if want is bool else isinstance(v, str) if want is str
           else isinstance(v, (int, float)) and not isinstance(v, bool) and (want is float or float(v).is_integer()))
     if not ok:
-      kind = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[want]
-      return f"{key}={v!r} must be {kind}"
+      return _type_error(key, v, want, choices)
     mapping[key] = int(v) if want is int else v
   steps, layers = values.get("steps"), values.get("base_num_decoder_layers")
   try:
@@ -428,10 +450,10 @@ def missing_data_error(values: Mapping[str, Any]) -> str | None:
       if not pattern or "://" in pattern or glob.glob(os.path.expanduser(pattern)):
         continue
       if pattern.startswith("data/embedded_sft/"):
-        fix = ("build the fine-tuning demo data here first with `maxtext-nvfp4 prepare-sft-data` (writes"
+        fix = (f"build the fine-tuning demo data here first with `{_cmd()} prepare-sft-data` (writes"
                " data/embedded_sft/ in the current directory), or run from the directory that holds data/")
       elif pattern.startswith("data/embedded/"):
-        fix = ("build the demo data here first with `maxtext-nvfp4 prepare-data` (writes data/embedded/ in the"
+        fix = (f"build the demo data here first with `{_cmd()} prepare-data` (writes data/embedded/ in the"
                " current directory), or run from the directory that holds data/")
       else:
         fix = f"check the path or set {key}=... to your files"

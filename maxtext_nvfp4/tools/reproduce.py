@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Sequence
 
 from maxtext_nvfp4.tools import cli as cli_mod
+from maxtext_nvfp4.tools import cliargs
 from maxtext_nvfp4.tools import compare
 from maxtext_nvfp4.tools import metrics as metrics_io  # (`metrics` names files here)
 from maxtext_nvfp4.tools import recipes as recipes_mod
@@ -236,19 +237,42 @@ def recover_missing_steps(path: Path, logged: dict[int, dict]) -> tuple[Path, in
   return merged, len(missing)
 
 
-def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool = False, verbose: bool = False,
-            plots: bool = True, stream=None) -> int:
-  stream = stream or sys.stdout
-  # every run is checked before anything is deleted or created: a refusal leaves --out as it was
+# what reproduce writes into --out: one folder per run label (its metrics), runs/ (MaxText's), compare/
+def _own_entries() -> set[str]:
+  return {"runs", "compare"} | {lbl for p in PAIRS.values() for lbl in (p.baseline_label, "nvfp4")}
+
+
+def check_out(plan: Plan, *, overwrite: bool) -> None:
+  """Everything :func:`execute` refuses, checked before anything is deleted, created or run (the dry run asks
+  it too): an ``--out`` holding files reproduce does not write, earlier runs without ``--overwrite``, a
+  ``compare`` folder that is not a compare output."""
+  out = plan.compare_dir.parent
+  foreign = sorted(set(os.listdir(out)) - _own_entries()) if out.is_dir() else []
+  if foreign:
+    raise ReproduceError(f"--out {out}: the folder holds {foreign[0]} ({len(foreign)} entries reproduce does not"
+                         " write); choose a new or empty --out")
   existing = [run_dir if run_dir.exists() else metrics for _, _, _, metrics, run_dir in plan.runs
               if run_dir.exists() or metrics.exists()]
   if existing and not overwrite:
     raise ReproduceError(f"{existing[0]} exists (a rerun could resume from its checkpoint); pass --overwrite or "
                          "another --out")
-  for _, _, _, metrics, run_dir in plan.runs:
+  try:
+    if os.path.lexists(plan.compare_dir):
+      compare.check_out_dir(str(plan.compare_dir))
+  except compare.InputError as e:
+    raise ReproduceError(str(e)) from None
+
+
+def execute(plan: Plan, *, knobs: Knobs, opts: compare.Options, overwrite: bool = False, verbose: bool = False,
+            plots: bool = True, stream=None) -> int:
+  stream = stream or sys.stdout
+  check_out(plan, overwrite=overwrite)  # a refusal leaves --out as it was
+  for _, _, _, metrics, run_dir in plan.runs:  # the earlier runs, and what was made of them
     shutil.rmtree(run_dir, ignore_errors=True)
     metrics.unlink(missing_ok=True)
+    metrics.with_name("metrics_merged.jsonl").unlink(missing_ok=True)
     metrics.parent.mkdir(parents=True, exist_ok=True)
+  shutil.rmtree(plan.compare_dir, ignore_errors=True)
   print(plan.label, file=stream)
   run_args = []
   for i, (label, recipe, argv, metrics, _) in enumerate(plan.runs):
@@ -283,20 +307,25 @@ def build_parser() -> argparse.ArgumentParser:
       + ". Exit code: 0 PASS, 1 FAIL, 2 bad input, 3 a training run failed.")
   p.add_argument("pair", metavar="PAIR", help=", ".join(PAIRS))
   p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra MaxText overrides for both runs")
-  p.add_argument("--steps", type=int, help="training steps (steps=)")
-  p.add_argument("--layers", type=int, help="decoder layers (base_num_decoder_layers=, override_model_config=true)")
-  p.add_argument("--seq", type=int, help="sequence length (max_target_length=)")
-  p.add_argument("--batch", type=float, help="per-device batch size (per_device_batch_size=)")
-  p.add_argument("--seed", type=int, default=0, help="init_weights_seed and data_shuffle_seed of both runs")
+  positive = cliargs.number(integer=True, at_least=1)
+  p.add_argument("--steps", type=positive, help="training steps (steps=)")
+  p.add_argument("--layers", type=positive,
+                 help="decoder layers (base_num_decoder_layers=, override_model_config=true)")
+  p.add_argument("--seq", type=positive, help="sequence length (max_target_length=)")
+  p.add_argument("--batch", type=cliargs.number(above=0), help="per-device batch size (per_device_batch_size=)")
+  p.add_argument("--seed", type=cliargs.number(integer=True, at_least=0), default=0,
+                 help="init_weights_seed and data_shuffle_seed of both runs")
   p.add_argument("--out", help="output directory (default ./reproduce_out/PAIR)")
   p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (default: ./recipes, the package's)")
   p.add_argument("--python", default=sys.executable, help="interpreter for the training runs")
   p.add_argument("--dry-run", action="store_true", help="print the commands only")
   p.add_argument("--overwrite", action="store_true", help="delete earlier runs in --out first")
   p.add_argument("--verbose", action="store_true", help="echo the full training output")
-  p.add_argument("--tolerance", type=float, default=0.03, help="compare: max mean gap in nats")
-  p.add_argument("--warmup", type=int, help="compare: warm-up steps skipped after the first")
-  p.add_argument("--smooth", type=int, help="compare: moving-average window")
+  # compare's own ranges: a bad value is refused before hours of training, not after
+  p.add_argument("--tolerance", type=cliargs.number(at_least=0), default=0.03, help="compare: max mean gap in nats")
+  p.add_argument("--warmup", type=cliargs.number(integer=True, at_least=0),
+                 help="compare: warm-up steps skipped after the first")
+  p.add_argument("--smooth", type=cliargs.number(integer=True, at_least=1), help="compare: moving-average window")
   p.add_argument("--no-plots", action="store_true", help="compare: report.md only")
   return p
 
@@ -309,11 +338,8 @@ def cli_main(argv: list[str]) -> int:
     return int(e.code or 0)
   out = a.out or os.path.join("reproduce_out", a.pair)
   bad = [o for o in a.overrides if "=" not in o or o.startswith("=")]
-  positive = [k for k, v in (("--steps", a.steps), ("--layers", a.layers), ("--seq", a.seq), ("--batch", a.batch))
-              if v is not None and v <= 0]
   problems = [  # (is wrong, what to say), checked before anything is read, run or written
       (bad, f"overrides must be KEY=VALUE: {' '.join(bad)}"),
-      (positive, f"{positive[0] if positive else ''} must be > 0"),
       (a.recipes_dir and not os.path.isdir(a.recipes_dir), f"--recipes-dir {a.recipes_dir} is not a directory"),
       (os.path.lexists(out) and not os.path.isdir(out), f"--out {out} exists and is not a directory; choose another"),
   ]
@@ -326,10 +352,11 @@ def cli_main(argv: list[str]) -> int:
     plan = build_plan(a.pair, out=out, knobs=knobs, seed=a.seed,
                       python=a.python, recipes_dir=a.recipes_dir)
     if a.dry_run:
+      check_out(plan, overwrite=a.overwrite)  # what the real run would refuse, the dry run refuses
       print(plan.label)
       for label, _, run_argv, _, _ in plan.runs:
         print(f"# {label}\n{shlex.join(run_argv)}")
-      cmp = ["maxtext-nvfp4", "compare"] + [f"{lbl}={m}" for lbl, _, _, m, _ in plan.runs] + \
+      cmp = [*shlex.split(cli_mod.shell_command()), "compare"] + [f"{lbl}={m}" for lbl, _, _, m, _ in plan.runs] + \
           ["--out", str(plan.compare_dir), "--tolerance", f"{a.tolerance:g}", "--label", plan.label]
       cmp += (["--warmup", str(a.warmup)] if a.warmup is not None else []) + \
           (["--smooth", str(a.smooth)] if a.smooth is not None else []) + (["--no-plots"] if a.no_plots else [])

@@ -82,24 +82,54 @@ def _write(path: str, rows: list[dict[str, str]]) -> None:
   pq.write_table(table, path, compression="zstd")
 
 
+def _manifest(folder: str) -> dict | None:
+  """``folder/manifest.json`` as a dict, None when there is none; :class:`SftDataError` when it is not JSON."""
+  path = os.path.join(folder, "manifest.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, ValueError) as e:
+    raise SftDataError(f"{path}: not a readable manifest ({e.__class__.__name__}: {e})") from None
+  if not isinstance(data, dict):
+    raise SftDataError(f"{path}: not a manifest (a JSON object)")
+  return data
+
+
+def check_out(out: str) -> dict | None:
+  """``--out``'s earlier prepare-sft-data manifest (None: new or empty folder), checked before anything is read
+  or written; :class:`SftDataError` when ``out`` is a file or a folder this command did not write (a
+  prepare-data dataset included: it holds a manifest.json too)."""
+  if os.path.lexists(out) and not os.path.isdir(out):
+    raise SftDataError(f"--out {out}: is a file, not a folder; choose a folder path (it is created)")
+  if not os.path.isdir(out) or not os.listdir(out):
+    return None
+  try:
+    old = _manifest(out)
+  except SftDataError as e:
+    raise SftDataError(f"--out {out}: {e}; choose another --out, or delete the folder") from None
+  if old is None or "source_content_sha256" not in old or "examples" not in old:
+    raise SftDataError(f"--out {out}: the folder exists and is not a prepare-sft-data output; choose a new or"
+                       " empty --out (an earlier prepare-sft-data output is replaced)")
+  return old
+
+
 def prepare(source: str, out: str, *, log=None) -> tuple[dict, bool]:
   """Build (or reuse) the SFT demo data from the ``prepare-data`` output ``source``: ``(manifest, rebuilt)``."""
   log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-  src_manifest = os.path.join(source, "manifest.json")
-  if not os.path.isfile(src_manifest):
+  old = check_out(out)
+  try:
+    src = _manifest(source)
+  except SftDataError as e:
+    raise SftDataError(f"--source {source}: {e}; rebuild it with `{cli.shell_command()} prepare-data`") from None
+  if src is None:
     raise SftDataError(f"{source}: no prepare-data output here (no manifest.json); run `maxtext-nvfp4 prepare-data`"
                        " first, or pass --source DIR")
-  with open(src_manifest, encoding="utf-8") as f:
-    content = json.load(f).get("content_sha256", "")
-  manifest_path = os.path.join(out, "manifest.json")
-  if os.path.isfile(manifest_path):
-    with open(manifest_path, encoding="utf-8") as f:
-      old = json.load(f)
-    if old.get("source_content_sha256") == content and old.get("format_version") == FORMAT_VERSION and all(
-        os.path.isfile(os.path.join(out, n)) for n in old.get("files", [])):
-      return old, False
-  if os.path.exists(out) and not os.path.isfile(manifest_path):
-    raise SftDataError(f"{out}: exists and is not a prepare-sft-data output; choose another --out")
+  content = src.get("content_sha256", "")
+  if old is not None and old.get("source_content_sha256") == content and old.get("format_version") == FORMAT_VERSION \
+      and all(os.path.isfile(os.path.join(out, n)) for n in old.get("files", [])):
+    return old, False
   splits = {}
   for split in ("train", "eval"):
     rows = [ex for text in _read_texts(os.path.join(source, f"{split}-*.parquet")) for ex in function_examples(text)]
@@ -137,6 +167,7 @@ def cli_main(argv: list[str]) -> int:
   p.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
   args = p.parse_args(argv)
   try:
+    check_out(args.out)  # before the default source is built
     if not os.path.exists(os.path.join(args.source, "manifest.json")) and args.source == os.path.join("data",
                                                                                                         "embedded"):
       from maxtext_nvfp4.tools import data  # pylint: disable=import-outside-toplevel

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from maxtext_nvfp4.tools import cli as cli_mod
+from maxtext_nvfp4.tools import cliargs
 from maxtext_nvfp4.tools import metrics as metrics_io
 from maxtext_nvfp4.tools import recipes as recipes_mod
 
@@ -324,16 +325,29 @@ class ArmProgress:
   mismatched: tuple[int, ...] = ()
 
 
-def rebuild_arm(layout: Layout, arm: str, spec: Spec) -> ArmProgress:
-  """Resume point and merged metrics of one arm, from its checkpoints and chunk files (module doc)."""
+def resume_point(layout: Layout, arm: str, spec: Spec) -> tuple[int | None, Merged, list[int]]:
+  """``(resume point, merged records, committed checkpoint steps)`` of one arm, read from disk, nothing moved:
+  the last committed checkpoint whose records are complete through it (None: start from scratch)."""
   chunk_dir = layout.chunks(arm)
   files = list(chunk_dir.glob("from_*.jsonl")) if chunk_dir.is_dir() else []
   merged = merged_records(files)
+  committed = committed_checkpoints(layout.checkpoints(arm))
+  ok = [c for c in committed if complete_through(merged.train, merged.evals, c, spec.eval_interval)]
+  return (ok[-1] if ok else None), merged, committed
+
+
+def chunk_metrics_file(layout: Layout, arm: str, start: int) -> Path:
+  """The metrics file of the next chunk that starts at ``start``: ``from_<start>_<attempt>.jsonl``."""
+  chunk_dir = layout.chunks(arm)
+  attempt = len(list(chunk_dir.glob(f"from_{start:07d}_*.jsonl"))) if chunk_dir.is_dir() else 0
+  return chunk_dir / f"from_{start:07d}_{attempt:03d}.jsonl"
+
+
+def rebuild_arm(layout: Layout, arm: str, spec: Spec) -> ArmProgress:
+  """Resume point and merged metrics of one arm, from its checkpoints and chunk files (module doc)."""
+  p, merged, committed = resume_point(layout, arm, spec)
   train, evals = merged.train, merged.evals
   ckpt = layout.checkpoints(arm)
-  committed = committed_checkpoints(ckpt)
-  ok = [c for c in committed if complete_through(train, evals, c, spec.eval_interval)]
-  p = ok[-1] if ok else None
   moved = []
   if ckpt.is_dir():
     aside = layout.arm_dir(arm) / "set_aside"
@@ -490,20 +504,31 @@ class Study:
                f"records incomplete): resuming from step {0 if prog.resume_from is None else prog.resume_from + 1}")
     return prog
 
-  def status_lines(self) -> list[str]:
+  def status_lines(self, *, alive: bool = True) -> list[str]:
+    """Progress per arm: the steps and loss where the next chunk resumes, read from disk (:func:`resume_point`,
+    nothing moved: a kill leaves the state file behind the checkpoints); chunks, wall time and status from the
+    state file. ``alive``: whether a study process holds the directory's lock; without one, an arm the state
+    still calls running was stopped by a kill."""
     total = self.spec.steps
     lines = [f"study {self.layout.root}: preset {self.spec.preset}, {total} steps per arm, chunks of {self.spec.chunk}"]
     for arm in self.spec.arms:
       st = self.state["arms"][arm]
-      rate = st["wall_s"] / st["steps_done"] if st["steps_done"] and st["wall_s"] > 0 else None
-      left = "" if rate is None or st["steps_done"] >= total else f", ~{_fmt_s(rate * (total - st['steps_done']))} left"
-      loss = "" if st["last_loss"] is None else f", loss {st['last_loss']:.4f}"
+      p, merged, _ = resume_point(self.layout, arm, self.spec)
+      done = 0 if p is None else p + 1
+      last = None if p is None else merged.train[p].get(metrics_io.LOSS)
+      rate = st["wall_s"] / done if done and st["wall_s"] > 0 else None
+      left = "" if rate is None or done >= total else f", ~{_fmt_s(rate * (total - done))} left"
+      loss = "" if last is None else f", loss {float(last):.4f}"
       chk = st.get("rechecked_steps", 0)
       bad = st.get("mismatched_steps", [])
       resumed = (f", resume check: {chk} recomputed record(s)"
                  + (f", {len(bad)} DIFFER" if bad else " equal bit for bit")) if chk else ""
-      lines.append(f"  {arm:<14} {st['steps_done']:>7}/{total} steps ({100 * st['steps_done'] / total:5.1f} %), "
-                   f"{st['chunks']} chunk(s), {_fmt_s(st['wall_s'])} of training{loss}, {st['status']}{left}{resumed}")
+      status = st["status"]
+      if status == "running" and not alive:
+        status = (f"killed (no study process runs; continue with: {cli_mod.shell_command()} study"
+                  f" {shlex.quote(str(self.layout.root))})")
+      lines.append(f"  {arm:<14} {done:>7}/{total} steps ({100 * done / total:5.1f} %), "
+                   f"{st['chunks']} chunk(s), {_fmt_s(st['wall_s'])} of training{loss}, {status}{left}{resumed}")
     return lines
 
   # --- one chunk
@@ -532,8 +557,8 @@ class Study:
     target = chunk_target(start, chunk=self.spec.chunk, steps=self.spec.steps)
     chunk_dir = self.layout.chunks(arm)
     chunk_dir.mkdir(parents=True, exist_ok=True)
-    attempt = len(list(chunk_dir.glob(f"from_{start:07d}_*.jsonl")))
-    metrics_file = chunk_dir / f"from_{start:07d}_{attempt:03d}.jsonl"
+    metrics_file = chunk_metrics_file(self.layout, arm, start)
+    attempt = int(metrics_file.stem.rsplit("_", 1)[1])
     argv = arm_argv(self.spec, self.layout, arm, metrics_file=metrics_file, python=self.python)
     log_path = metrics_file.with_suffix(".log")
     self.say(f"[{arm}] {_now()} chunk: steps {start}..{target} of {self.spec.steps} (log {log_path})")
@@ -657,29 +682,37 @@ def build_parser() -> argparse.ArgumentParser:
   p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra MaxText keys for every arm (first call)")
   p.add_argument("--preset", choices=sorted(PRESETS), help="model family (first call; default demo)")
   p.add_argument("--arms", help="comma-separated arms, baseline first (first call; default: the preset's)")
-  p.add_argument("--steps", type=int, help="training steps per arm (first call; default: the preset's)")
-  p.add_argument("--chunk", type=int, help="steps per chunk = MaxText checkpoint_period (may change on a later call)")
-  p.add_argument("--eval-interval", type=int, help="MaxText eval_interval (first call)")
-  p.add_argument("--eval-steps", type=int, help="MaxText eval_steps (first call)")
-  p.add_argument("--diagnostics-interval", type=int,
+  p.add_argument("--steps", type=cliargs.number(integer=True, at_least=2),
+                 help="training steps per arm (first call; default: the preset's)")
+  p.add_argument("--chunk", type=cliargs.number(integer=True, at_least=1),
+                 help="steps per chunk = MaxText checkpoint_period (may change on a later call)")
+  p.add_argument("--eval-interval", type=cliargs.number(integer=True, at_least=0),
+                 help="MaxText eval_interval, 0 no evals (first call)")
+  p.add_argument("--eval-steps", type=cliargs.number(integer=True, at_least=1), help="MaxText eval_steps (first call)")
+  p.add_argument("--diagnostics-interval", type=cliargs.number(integer=True, at_least=0),
                  help="nvfp4_diagnostics_interval (telemetry in every arm; NVFP4 arms also their statistics and the "
                       "gradient fidelity), 0 off (first call)")
-  p.add_argument("--seed", type=int, help="init_weights_seed of every arm (first call; default 0)")
+  p.add_argument("--seed", type=cliargs.number(integer=True, at_least=0),
+                 help="init_weights_seed of every arm (first call; default 0)")
   p.add_argument("--recipes-dir", help="directory holding the recipe YAMLs (first call)")
-  p.add_argument("--max-chunks", type=int, help="stop after this many chunks in this call")
-  p.add_argument("--until", type=int, help="stop once every arm has this many steps")
+  p.add_argument("--max-chunks", type=cliargs.number(integer=True, at_least=1),
+                 help="stop after this many chunks in this call")
+  p.add_argument("--until", type=cliargs.number(integer=True, at_least=1),
+                 help="stop once every arm has this many steps")
   p.add_argument("--only", help="comma-separated arms to train in this call (default: all, round-robin)")
   p.add_argument("--status", action="store_true", help="print progress only")
   p.add_argument("--report", action="store_true", help="compare the arms' metrics so far into DIR/compare only")
   p.add_argument("--no-report", action="store_true", help="do not write DIR/compare at the end of this call")
   p.add_argument("--no-plots", action="store_true", help="DIR/compare/report.md without the figures")
   p.add_argument("--dry-run", action="store_true", help="print the arms' commands only")
-  p.add_argument("--verify-overlap", type=int, default=0,
+  p.add_argument("--verify-overlap", type=cliargs.number(integer=True, at_least=0), default=0,
                  help="let each chunk run N steps past its checkpoint; the next chunk recomputes them and the study "
                       "checks they repeat bit for bit (default 0)")
-  p.add_argument("--progress-every", type=float, default=60.0, help="seconds between progress lines (default 60)")
+  p.add_argument("--progress-every", type=cliargs.number(above=0), default=60.0,
+                 help="seconds between progress lines (default 60)")
   p.add_argument("--python", default=sys.executable, help="interpreter of the training runs")
-  p.add_argument("--poll", type=float, default=0.25, help=argparse.SUPPRESS)  # seconds between checks of a chunk
+  # seconds between checks of a chunk
+  p.add_argument("--poll", type=cliargs.number(above=0), default=0.25, help=argparse.SUPPRESS)
   return p
 
 
@@ -699,12 +732,13 @@ def spec_from_args(a: argparse.Namespace) -> Spec:
     raise StudyError(f"unknown arm(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(ARMS)}")
   if len(set(arms)) != len(arms):
     raise StudyError(f"--arms {a.arms}: an arm is named twice")
-  spec = Spec(preset=preset.name, arms=arms, steps=a.steps or preset.steps, chunk=a.chunk or preset.chunk,
-              eval_interval=preset.eval_interval if a.eval_interval is None else a.eval_interval,
-              eval_steps=a.eval_steps or preset.eval_steps,
+  pick = lambda given, default: default if given is None else given  # noqa: E731  (0 is a value, not "default")
+  spec = Spec(preset=preset.name, arms=arms, steps=pick(a.steps, preset.steps), chunk=pick(a.chunk, preset.chunk),
+              eval_interval=pick(a.eval_interval, preset.eval_interval),
+              eval_steps=pick(a.eval_steps, preset.eval_steps),
               diagnostics_interval=preset.diagnostics_interval if a.diagnostics_interval is None
               else a.diagnostics_interval,
-              seed=a.seed or 0, overrides=tuple(a.overrides),
+              seed=pick(a.seed, 0), overrides=tuple(a.overrides),
               recipes_dir=os.path.abspath(a.recipes_dir) if a.recipes_dir else None)
   if spec.steps < 2 or spec.chunk < 1 or spec.eval_steps < 1 or spec.diagnostics_interval < 0 or spec.eval_interval < 0:
     raise StudyError("--steps must be >= 2, --chunk and --eval-steps >= 1, --eval-interval and "
@@ -732,6 +766,18 @@ def _check_same(a: argparse.Namespace, spec: Spec) -> None:
                      f"{' '.join(spec.overrides) or 'none'}; drop them or use another DIR")
 
 
+def _locked(path: Path) -> bool:
+  """Whether a study process holds the lock ``path`` (asked without creating it)."""
+  try:
+    with open(path, encoding="utf8") as f:
+      fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except FileNotFoundError:
+    return False
+  except OSError:
+    return True
+  return False
+
+
 def cli_main(argv: list[str]) -> int:
   try:
     a = build_parser().parse_intermixed_args(argv)
@@ -743,11 +789,6 @@ def cli_main(argv: list[str]) -> int:
     bad = [o for o in a.overrides if "=" not in o or o.startswith("=")]
     if bad:
       raise StudyError(f"overrides must be KEY=VALUE: {' '.join(bad)}")
-    for flag, v in (("--max-chunks", a.max_chunks), ("--until", a.until), ("--progress-every", a.progress_every)):
-      if v is not None and v <= 0:
-        raise StudyError(f"{flag} must be > 0")
-    if a.verify_overlap < 0:
-      raise StudyError("--verify-overlap must be >= 0")
     only = tuple(x for x in (a.only or "").split(",") if x)
     if root.exists() and not root.is_dir():
       raise StudyError(f"{root} exists and is not a directory; choose another DIR")
@@ -776,13 +817,20 @@ def cli_main(argv: list[str]) -> int:
       if root.exists() and any(root.iterdir()):
         raise StudyError(f"{root} is not empty and holds no {STUDY_FILE}; choose a new or empty DIR")
       spec = spec_from_args(a)
-    if a.dry_run:
+    if a.dry_run:  # what the next chunk of each arm would run, read from disk (nothing moved or written)
       layout = Layout(root=root)
       for arm in spec.arms:
-        print(f"# {arm}\n{shlex.join(arm_argv(spec, layout, arm, metrics_file=layout.chunks(arm) / 'from_0000000_000.jsonl', python=a.python))}")
+        p = resume_point(layout, arm, spec)[0] if spec_path.exists() else None
+        start = 0 if p is None else p + 1
+        if start >= spec.steps:
+          print(f"# {arm}: done ({spec.steps}/{spec.steps} steps)")
+          continue
+        where = f"resumes after step {p}" if p is not None else "starts at step 0"
+        argv_ = arm_argv(spec, layout, arm, metrics_file=chunk_metrics_file(layout, arm, start), python=a.python)
+        print(f"# {arm}: {where}\n{shlex.join(argv_)}")
       return 0
     if a.status:
-      for line in Study(root, spec, python=a.python).status_lines():
+      for line in Study(root, spec, python=a.python).status_lines(alive=_locked(root / LOCK_FILE)):
         print(line)
       return 0
     root.mkdir(parents=True, exist_ok=True)
@@ -812,7 +860,8 @@ def cli_main(argv: list[str]) -> int:
     for arm in spec.arms:
       study.refresh(arm)
     study.save_state()
-    print(f"{PROG}: interrupted; continue with: {PROG} {shlex.quote(str(root))}", file=sys.stderr)
+    print(f"{PROG}: interrupted; continue with: {cli_mod.shell_command()} study {shlex.quote(str(root))}",
+          file=sys.stderr)
     return int(e.code)
   finally:
     for s, h in old.items():

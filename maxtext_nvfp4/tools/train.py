@@ -31,6 +31,7 @@ Conveniences over calling MaxText directly:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -375,6 +376,7 @@ def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=No
   except _config_error_types() as e:
     return _fail(" ".join(str(e).split()), command)
   args, cfg = with_absolute_output_dir(args, cfg)
+  absent = _absent_folders(cfg)  # what a run MaxText refuses must not leave behind
   ensure_metrics_dir(args, cfg)
   # Step lines must reach a log file line by line (a killed run otherwise loses its buffered tail).
   for stream in (sys.stdout, sys.stderr):
@@ -393,14 +395,95 @@ def run_trainer(argv: list[str], *, command: str, runner, usage: str, prepare=No
     app.run(_exit_2_on_config_error(runner, command), argv=[f"maxtext_nvfp4.{command}", *args])
   except SystemExit as e:
     rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  if rc == 2 and record:  # a config error MaxText found: the run did not start, leave nothing behind
-    _unrecord(record)
+  if record:
+    _settle_record(record, rc)
+  if rc == 2:  # a config error MaxText found: the run did not start
+    for folder in absent:
+      try:
+        os.rmdir(folder)  # only when empty
+      except OSError:
+        pass
+  if rc == 0:
+    print(closing_line(command, cfg, record), flush=True)
   return rc
 
 
-def _record_run(args: list[str], cfg: dict) -> tuple[str, bool] | None:
+def _absent_folders(cfg: dict) -> list[str]:
+  """The local folders a run creates (the metrics file's, ``base_output_directory`` and the run folder under it)
+  that do not exist yet, deepest first."""
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  found = []
+  for path in (run_record.run_dir(cfg), cfg.get("base_output_directory"),
+               os.path.dirname(str(cfg.get("metrics_file") or ""))):
+    if isinstance(path, str) and path and "://" not in path:
+      path = os.path.abspath(path)
+      while path != os.path.dirname(path) and not os.path.exists(path):
+        found.append(path)
+        path = os.path.dirname(path)
+  return sorted(set(found), key=lambda p: -p.count(os.sep))
+
+
+def closing_line(command: str, cfg: dict, record: "_Record | None") -> str:
+  """The last line of a finished run: where its metrics, run record, checkpoints and TensorBoard events went (and
+  the export command when there are checkpoints), so nobody has to read MaxText's config dump to find them."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  folder = run_record.run_dir(cfg)
+  metrics = cfg.get("metrics_file")
+  metrics = "not written (metrics_file is empty)" if not metrics else \
+      metrics if "://" in str(metrics) else os.path.abspath(str(metrics))
+  parts = [f"metrics {metrics}"]
+  if folder is None:
+    base = cfg.get("base_output_directory") or "(MaxText's default)"
+    parts.append(f"checkpoints and TensorBoard events under {base}/<run_name> (no run record: not a local run folder)")
+    return f"maxtext-nvfp4 {command}: done; " + "; ".join(parts)
+  recorded = record is not None and os.path.isfile(record.path)
+  parts.append(f"run record {record.path if recorded else 'not written'}")
+  steps = sorted(_checkpoint_steps(folder), key=int)
+  ckpt = os.path.join(folder, "checkpoints")
+  if steps:
+    parts.append(f"checkpoints {ckpt} (step{'s' if len(steps) > 1 else ''} {', '.join(steps[-3:])}"
+                 f"{', ...' if len(steps) > 3 else ''})")
+  else:
+    parts.append("no checkpoints (enable_checkpointing=true writes them)" if not cfg.get("enable_checkpointing", True)
+                 else f"no checkpoints in {ckpt}")
+  tb = os.path.join(folder, "tensorboard")
+  if os.path.isdir(tb):
+    parts.append(f"TensorBoard {tb}")
+  line = f"maxtext-nvfp4 {command}: done; " + "; ".join(parts)
+  if steps and recorded:
+    synthetic = str(cfg.get("dataset_type", "")) == "synthetic"  # export calibrates on the run's eval data
+    line += (f"\nnext: {cli.shell_command()} export {ckpt} --out {folder}_hf"
+             + (" --weights-only" if synthetic else "") + "   (docs/export.md)")
+  return line
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Record:
+  """The run record this launch wrote, and what it replaced (so a launch that changes nothing can take it back)."""
+
+  # the record's path (<run folder>/maxtext_nvfp4_run.json)
+  path: str
+  # whether this launch created the run folder
+  created: bool
+  # the record an earlier launch left there (its text), or None
+  previous: str | None
+  # the checkpoint steps in <run folder>/checkpoints before MaxText started
+  checkpoints: frozenset[str]
+
+
+def _checkpoint_steps(folder: str) -> frozenset[str]:
+  try:
+    return frozenset(n for n in os.listdir(os.path.join(folder, "checkpoints")) if n.isdigit())
+  except OSError:
+    return frozenset()
+
+
+def _record_run(args: list[str], cfg: dict) -> _Record | None:
   """Write :mod:`maxtext_nvfp4.tools.run_record` beside the run's checkpoints (a local run with a
-  ``run_name``): ``(record path, whether its folder was created)``, or None."""
+  ``run_name``), keeping what it replaces for :func:`_settle_record`; None when there is no such folder."""
   from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
 
   folder = run_record.run_dir(cfg)
@@ -411,21 +494,40 @@ def _record_run(args: list[str], cfg: dict) -> tuple[str, bool] | None:
   absolute = [f"{k}={os.path.abspath(v)}" for k in PATH_KEYS for v in [cfg.get(k)]
               if isinstance(v, str) and v and "://" not in v and not os.path.isabs(v) and v != "default"]
   created = not os.path.exists(folder)
+  path = os.path.join(folder, run_record.RECORD)
+  try:
+    with open(path, encoding="utf-8") as f:
+      previous = f.read()
+  except OSError:
+    previous = None
+  checkpoints = _checkpoint_steps(folder)
   try:
     path = run_record.write(folder, [*args, *absolute], cfg, maxtext_nvfp4.__version__)
   except OSError as e:
     print(f"maxtext-nvfp4: could not record the run's config in {folder} ({e.strerror}); export will need --config",
           flush=True)
     return None
-  return path, created
+  return _Record(path=path, created=created, previous=previous, checkpoints=checkpoints)
 
 
-def _unrecord(record: tuple[str, bool]) -> None:
-  path, created = record
+def _settle_record(record: _Record, rc: int) -> None:
+  """After MaxText returned ``rc``: the record must describe the checkpoints it sits beside. A launch that wrote
+  no new checkpoint step while earlier ones are there (a config MaxText refused, a crash, a run without
+  checkpointing) gives the earlier launch's record back (or removes its own, and the folder it created when
+  nothing else is in it); a refused launch (``rc == 2``) always does."""
+  folder = os.path.dirname(record.path)
+  after = _checkpoint_steps(folder)
+  if rc != 2 and (after - record.checkpoints or not record.checkpoints):
+    return
   try:
-    os.unlink(path)
-    if created:
-      os.rmdir(os.path.dirname(path))
+    if record.previous is not None:
+      from maxtext_nvfp4.tools import outputs  # pylint: disable=import-outside-toplevel
+
+      outputs.publish_file(record.path, record.previous)
+    else:
+      os.unlink(record.path)
+      if record.created:
+        os.rmdir(folder)  # only when empty: MaxText may have written logs there
   except OSError:
     pass
 

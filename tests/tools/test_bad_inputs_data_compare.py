@@ -28,6 +28,12 @@ def _file(tmp, name, content):
   return str(path)
 
 
+def _folder(tmp, name, files):
+  for f, content in files.items():
+    _file(tmp, f"{name}/{f}", content)
+  return str(tmp / name)
+
+
 def _fifo(tmp, name):
   path = tmp / name
   os.mkfifo(path)
@@ -81,10 +87,14 @@ COMPARE_ROWS = [
     ("no shared step", lambda t, m: [_file(t, GOOD, _records(30)), _file(t, "late.jsonl", _records(5, first=100))],
      "shares no step with the baseline"),
     ("--out is a file", lambda t, m: [_file(t, GOOD, _records(30)), "--out", _file(t, "out.txt", "keep me")],
-     "exists and is not a directory"),
+     "is a file, not a folder"),
     ("--out under a file", lambda t, m: [_file(t, GOOD, _records(30)), "--out",
                                          os.path.join(_file(t, "out.txt", "keep me"), "sub")],
-     "is not a writable directory"),
+     "its parent folder"),
+    # compare writes only into its own folder: a user's folder (here with a report.md of theirs) is refused
+    ("--out a user's folder", lambda t, m: [_file(t, GOOD, _records(30)), "--out",
+                                            _folder(t, "mine", {"report.md": "keep me", "notes.txt": "me too"})],
+     "exists and is not a maxtext-nvfp4 compare output"),
     ("--tolerance negative", lambda t, m: [_file(t, GOOD, _records(30)), "--tolerance", "-1"],
      "argument --tolerance: -1 is out of range: need a finite number >= 0"),
     ("--tolerance nan", lambda t, m: [_file(t, GOOD, _records(30)), "--tolerance", "nan"], "argument --tolerance: nan"),

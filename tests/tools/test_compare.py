@@ -5,6 +5,7 @@ implementation.
 """
 
 import json
+import os
 import math
 
 import numpy as np
@@ -416,3 +417,25 @@ def test_eval_gap_is_taken_at_the_last_eval_step_both_runs_have(tmp_path):
   assert "| nvfp4 | 40 | 3.1500 | +0.0500 |" in (out / "report.md").read_text()
   # the baseline's own last eval (step 60) is still its row
   assert "| fp8 | 60 | 2.0000 | - |" in (out / "report.md").read_text()
+
+
+def test_out_is_replaced_whole_and_says_what_it_compared(tmp_path, capsys):
+  """A second comparison into the same --out leaves no figure of the first beside its report (here: the first
+  drew plots, the second --no-plots), and the folder records which runs and options made it."""
+  b, r = make_pair(tmp_path)
+  out = tmp_path / "o"
+  out.mkdir()
+  (out / "loss.png").write_bytes(b"from an earlier compare")  # what an earlier version wrote (no marker)
+  (out / "report.md").write_text("# maxtext-nvfp4 compare\n\nearlier\n")
+  assert cli(["compare", f"base={b}", f"run={r}", "--out", str(out), "--no-plots", "--tolerance", "0.05"]) == 0
+  assert sorted(os.listdir(out)) == ["maxtext_nvfp4_compare.json", "report.md"]
+  made = json.loads((out / "maxtext_nvfp4_compare.json").read_text())
+  assert made["runs"] == {"base": [b], "run": [r]} and made["options"]["tolerance"] == 0.05
+  assert "wrote " + str(out / "report.md") in capsys.readouterr().out
+  assert not [p for p in os.listdir(tmp_path) if p.startswith(".o.")]  # no temporary left beside it
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "report.md").write_text("# my own report\n")  # a user's report.md alone is not an earlier comparison
+  assert cli(["compare", b, r, "--out", str(mine)]) == 2
+  assert "exists and is not a maxtext-nvfp4 compare output" in capsys.readouterr().err
+  assert os.listdir(mine) == ["report.md"]

@@ -246,3 +246,27 @@ def test_the_recorded_long_runs_say_what_results_md_says():
         (p["common_steps"], p["warnings"], p["first_warning_step"]), p["run"]
     assert got["trend"] == p["trend"] and got["mean_gap"] == p["mean_gap"]
   assert long_study.table(summary) in (here / "RESULTS.md").read_text()
+
+
+def test_figures_draw_no_empty_panel(tmp_path):
+  """Runs without the underflow diagnostics (the default demo) get a one-panel drift figure, and a dense model's
+  stability figure has no MoE-load panel: what is not recorded is named under the last panel, not drawn empty."""
+  base = base_loss()
+  _write(tmp_path / "bf16.jsonl", base)
+  _write(tmp_path / "nvfp4.jsonl", run_of(gap_series(1), base),
+         {"nvfp4/model/dw_cos": [(s, 0.95) for s in range(0, N, 100)]})
+  c = comparison.compare_runs([metrics.read(tmp_path / n, name=n.split(".")[0]) for n in ("bf16.jsonl", "nvfp4.jsonl")])
+  for fig in (plots.drift_figure(c), plots.stability_figure(c)):
+    assert all(ax.get_lines() for ax in fig.axes), [ax.get_title() for ax in fig.axes if not ax.get_lines()]
+  drift, stability = plots.drift_figure(c), plots.stability_figure(c)
+  assert len(drift.axes) == 1 and "nvfp4_diagnostics=true records them" in drift.axes[0].get_xlabel()
+  assert [ax.get_title() for ax in stability.axes] == ["gradient cosine with the high-precision gradient (dw_cos)"]
+  assert "residual RMS" in stability.axes[0].get_xlabel() and "MoE load" in stability.axes[0].get_xlabel()
+  # these records have no per-device token count: no tokens/s panel of "n/a" bars
+  throughput = plots.throughput_figure(c)
+  assert [ax.get_ylabel() for ax in throughput.axes] == ["median step time (s)"]
+  # one run alone: its loss, no empty gap panel under it
+  single = comparison.compare_runs([metrics.read(tmp_path / "nvfp4.jsonl", name="nvfp4")])
+  loss = plots.loss_figure(single)
+  assert len(loss.axes) == 1 and loss.axes[0].get_lines()
+  assert len(plots.loss_figure(c).axes) == 2

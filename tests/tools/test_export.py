@@ -368,6 +368,14 @@ WRONG_CONFIGS = [  # the issue's two cases; every dimension kind: tests/tools/te
     ("fewer-layers", {"base_num_decoder_layers": 2}, ["num_decoder_layers: checkpoint 3, config 2"]),
     ("re-split-heads", {"base_num_query_heads": 2, "base_num_kv_heads": 1, "head_dim": 64},
      ["num_query_heads: checkpoint 4, config 2", "num_kv_heads: checkpoint 2, config 1", "head_dim: checkpoint 32, config 64"]),
+    # same shapes, another architecture: a tensor it needs is missing, or one it would not load is there (these
+    # exported with exit code 0 before)
+    ("lacks-qk-norms", {"model_name": "qwen3-0.6b", "override_model_config": True},
+     ["has nothing for model.layers.0.self_attn.q_norm.weight", "Qwen3ForCausalLM needs", "--config"]),
+    ("lacks-biases", {"model_name": "qwen2.5-1.5b", "override_model_config": True},
+     ["has nothing for model.layers.0.self_attn.q_proj.bias", "9 tensor(s)", "Qwen2ForCausalLM"]),
+    ("extra-lm-head", {"logits_via_embedding": True, "normalize_embedding_logits": False},
+     ["has lm_head.weight", "LlamaForCausalLM does not load"]),
 ]
 
 

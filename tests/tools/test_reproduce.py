@@ -54,8 +54,10 @@ def test_dry_run_commands(tmp_path, recipes, capsys):
                        f"metrics_file={out / label / 'metrics.jsonl'}", "init_weights_seed=7",
                        "data_shuffle_seed=7"] + common
   cmp = shlex.split(lines[-1])
-  assert cmp[:4] == ["maxtext-nvfp4", "compare", f"fp8={out / 'fp8' / 'metrics.jsonl'}",
-                     f"nvfp4={out / 'nvfp4' / 'metrics.jsonl'}"]
+  # this environment's command: the bare name when PATH finds it, else its path (tools/cli.shell_command)
+  assert os.path.basename(cmp[0]) in ("maxtext-nvfp4", "python") and "compare" in cmp[1:4]
+  assert cmp[cmp.index("compare") + 1:][:2] == [f"fp8={out / 'fp8' / 'metrics.jsonl'}",
+                                                 f"nvfp4={out / 'nvfp4' / 'metrics.jsonl'}"]
   assert not out.exists()  # a dry run writes nothing
 
 
@@ -77,7 +79,7 @@ def test_bad_input(tmp_path, recipes, capsys):
   assert rc == 2 and "recipe proxy_1gpu_nvfp4.yml not found" in cap.err
   assert len(cap.err.strip().splitlines()) == 1 and "Traceback" not in cap.err
   rc, cap = dry(capsys, "demo", "--recipes-dir", str(recipes), "--steps", "0")
-  assert rc == 2 and "--steps must be > 0" in cap.err
+  assert rc == 2 and "argument --steps: 0 is out of range: need an integer >= 1" in cap.err
   rc, cap = dry(capsys, "demo", "--recipes-dir", str(recipes), "notakv")
   assert rc == 2 and "KEY=VALUE" in cap.err
 
@@ -242,3 +244,44 @@ def test_a_refused_rerun_leaves_no_empty_arm_folders(tmp_path, recipes, capsys):
   err = capsys.readouterr().err
   assert rc == 2 and "demo_nvfp4 exists" in err and "--overwrite" in err
   assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["runs", "runs/demo_nvfp4"]
+
+
+def _tree(path):
+  return sorted((str(p.relative_to(path)), p.read_bytes() if p.is_file() else None) for p in path.rglob("*"))
+
+
+def test_overwrite_checks_everything_first_and_leaves_nothing_of_the_earlier_runs(tmp_path, recipes, capsys):
+  """--overwrite deletes only once every input is checked (a compare option that would fail after the training
+  deleted nothing), and takes the earlier runs' derived files (metrics_merged.jsonl, the comparison) with them."""
+  out = tmp_path / "o"
+  args = ["reproduce", "demo", "--recipes-dir", str(recipes), "--out", str(out), "--steps", "10",
+          "--python", fake_python(tmp_path), "--warmup", "1"]
+  assert cli(args + ["truncate_at=6"]) == 0  # writes metrics_merged.jsonl and compare/ with plots
+  before = _tree(out)
+  for bad, word in ((["--tolerance", "-1"], "argument --tolerance: -1 is out of range"),
+                    (["--smooth", "0"], "argument --smooth: 0 is out of range"),
+                    (["--seed", "-3"], "argument --seed: -3 is out of range")):
+    capsys.readouterr()
+    assert cli(args + ["--overwrite", *bad]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and word in err[0], err
+  assert _tree(out) == before
+  assert cli(args + ["--overwrite", "--no-plots"]) == 0
+  assert not (out / "bf16" / "metrics_merged.jsonl").exists() and not (out / "nvfp4" / "metrics_merged.jsonl").exists()
+  assert sorted(os.listdir(out / "compare")) == ["maxtext_nvfp4_compare.json", "report.md"]  # no earlier figure
+
+
+def test_out_holding_other_files_is_refused_and_dry_run_refuses_what_the_run_would(tmp_path, recipes, capsys):
+  out = tmp_path / "mine"
+  out.mkdir()
+  (out / "notes.txt").write_text("keep me")
+  base = ["reproduce", "demo", "--recipes-dir", str(recipes), "--out", str(out), "--python", fake_python(tmp_path)]
+  for extra in ([], ["--dry-run"]):
+    assert cli(base + extra) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds notes.txt" in err[0] and "new or empty --out" in err[0], err
+  assert os.listdir(out) == ["notes.txt"]
+  out2 = tmp_path / "o2"
+  (out2 / "runs" / "demo_bf16").mkdir(parents=True)  # an earlier run: the real run needs --overwrite, so does the dry run
+  assert cli(base[:-4] + ["--out", str(out2), "--dry-run"]) == 2 and "--overwrite" in capsys.readouterr().err
+  assert cli(base[:-4] + ["--out", str(out2), "--dry-run", "--overwrite"]) == 0

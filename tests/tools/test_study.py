@@ -180,7 +180,14 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, fake, capsys):
   d = tmp_path / "s"
   cases = [
       (args_for(d, fake, "--arms", "bf16,nope"), "unknown arm(s) nope"),
-      (args_for(d, fake, "--steps", "1"), "--steps must be >= 2"),
+      (args_for(d, fake, "--steps", "1"), "argument --steps: 1 is out of range: need an integer >= 2"),
+      # 0 is a value, not "the default": each is refused with the range (they used to mean the preset's value)
+      (args_for(d, fake, "--steps", "0"), "argument --steps: 0 is out of range"),
+      (args_for(d, fake, "--chunk", "0"), "argument --chunk: 0 is out of range: need an integer >= 1"),
+      (args_for(d, fake, "--eval-steps", "0"), "argument --eval-steps: 0 is out of range"),
+      (args_for(d, fake, "--max-chunks", "0"), "argument --max-chunks: 0 is out of range"),
+      (args_for(d, fake, "--seed", "-1"), "argument --seed: -1 is out of range"),
+      (args_for(d, fake, "--progress-every", "nan"), "argument --progress-every: nan is out of range"),
       (args_for(d, fake, "oops"), "KEY=VALUE"),
       (["study", str(d), "--status"], "holds no study"),
   ]
@@ -217,7 +224,8 @@ def test_dry_run_prints_the_fixed_arm_commands(tmp_path, fake, capsys):
   d = tmp_path / "s"
   assert cli(args_for(d, fake, "--arms", "bf16,fp8,nvfp4,nvfp4_switch", "--dry-run")) == 0
   out = capsys.readouterr().out.splitlines()
-  cmds = {out[i][2:]: out[i + 1].split() for i in range(0, len(out), 2)}
+  cmds = {out[i][2:].split(":")[0]: out[i + 1].split() for i in range(0, len(out), 2)}
+  assert all(out[i].endswith(": starts at step 0") for i in range(0, len(out), 2))
   assert list(cmds) == ["bf16", "fp8", "nvfp4", "nvfp4_switch"]
   for arm, cmd in cmds.items():
     assert "steps=10" in cmd and "checkpoint_period=3" in cmd and "enable_checkpointing=true" in cmd
@@ -228,3 +236,43 @@ def test_dry_run_prints_the_fixed_arm_commands(tmp_path, fake, capsys):
   assert all("nvfp4_diagnostics=true" in c for c in cmds.values())
   assert ["nvfp4_diagnostics_grad=true" in cmds[a] for a in cmds] == [False, False, True, True]
   assert not d.exists()
+
+
+def test_status_of_a_killed_study_does_not_say_running(tmp_path, fake, capsys):
+  """A SIGKILLed study process leaves state.json saying an arm is running; --status must tell a live study
+  (it holds DIR/.lock) from a dead one."""
+  import fcntl  # pylint: disable=import-outside-toplevel
+
+  d = tmp_path / "s"
+  assert cli(args_for(d, fake, "--max-chunks", "1")) == 0
+  capsys.readouterr()
+  state = json.loads((d / "state.json").read_text())
+  state["arms"]["nvfp4"]["status"] = "running"  # what a kill in the middle of the nvfp4 chunk leaves
+  state["arms"]["bf16"].update(steps_done=0, last_loss=None)  # ... and a state saved before bf16's chunk ended
+  state.update(running="nvfp4", pid=2 ** 22 + 1)
+  (d / "state.json").write_text(json.dumps(state))
+  assert cli(["study", str(d), "--status"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  line = next(l for l in out if l.strip().startswith("nvfp4"))
+  assert "running" not in line and "killed" in line and f"maxtext-nvfp4 study {d}" in line, line  # (or its path)
+  bf16 = next(l for l in out if l.strip().startswith("bf16"))
+  assert "4/10 steps" in bf16 and ", loss " in bf16, bf16  # where the next call resumes, read from disk
+  with open(d / study.LOCK_FILE, encoding="utf8") as lock:  # a live study process holds the lock
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    assert cli(["study", str(d), "--status"]) == 0
+  line = next(l for l in capsys.readouterr().out.splitlines() if l.strip().startswith("nvfp4"))
+  assert line.rstrip().endswith("running"), line
+
+
+def test_dry_run_of_a_continuing_study_prints_the_next_chunk(tmp_path, fake, capsys):
+  """Not the first call's commands again: where each arm resumes, and the metrics file its next chunk writes."""
+  d = tmp_path / "s"
+  assert cli(args_for(d, fake, "--max-chunks", "1")) == 0
+  capsys.readouterr()
+  before = sorted(p for p in d.rglob("*"))
+  assert cli(["study", str(d), "--python", fake[0], "--dry-run"]) == 0
+  out = capsys.readouterr().out.splitlines()
+  assert out[0] == "# bf16: resumes after step 3" and "metrics_file=" + str(d / "arms" / "bf16" / "chunks" /
+                                                                         "from_0000004_000.jsonl") in out[1]
+  assert out[2] == "# nvfp4: starts at step 0" and "from_0000000_000.jsonl" in out[3]
+  assert sorted(p for p in d.rglob("*")) == before

@@ -146,7 +146,7 @@ def test_the_run_records_its_config_beside_its_checkpoints(tmp_path, monkeypatch
   args, cfg = train.with_absolute_output_dir(args, cfg)
   record = train._record_run(args, cfg)  # pylint: disable=protected-access
   path = tmp_path / "runs" / "demo_nvfp4" / run_record.RECORD
-  assert record == (str(path), True)
+  assert (record.path, record.created, record.previous) == (str(path), True, None)
   found = run_record.find(str(tmp_path / "runs" / "demo_nvfp4" / "checkpoints" / "5" / "items"))
   assert found is not None and found[0] == str(path)
   assert f"tokenizer_path={tmp_path / 'data' / 'embedded' / 'tokenizer'}" in found[1]
@@ -155,5 +155,99 @@ def test_the_run_records_its_config_beside_its_checkpoints(tmp_path, monkeypatch
   assert (int(config.num_decoder_layers), int(config.steps), config.run_name) == (3, 2, "demo_nvfp4")
   assert config.base_output_directory == str(tmp_path / "runs")
   assert config.grain_train_files == str(tmp_path / "data" / "embedded" / "train-*.parquet")
-  train._unrecord(record)  # pylint: disable=protected-access  (what a config error MaxText finds does)
+  train._settle_record(record, 2)  # pylint: disable=protected-access  (what a config error MaxText finds does)
   assert not (tmp_path / "runs" / "demo_nvfp4").exists()
+
+
+@pytest.mark.parametrize("rc, new_step, kept", [
+    (2, False, "first"),   # the relaunch MaxText refused (a config error): the first run's record is back
+    (1, False, "first"),   # the relaunch crashed before writing a checkpoint
+    (0, False, "first"),   # the relaunch ran without checkpointing: the checkpoints there are still the first run's
+    (0, True, "second"),   # the relaunch wrote a checkpoint: its config is the folder's now
+])
+def test_a_relaunch_leaves_the_record_of_the_checkpoints_beside_it(tmp_path, monkeypatch, rc, new_step, kept):
+  """A second launch into a run folder that holds checkpoints must not leave a record (or none) that does not
+  describe them: export and eval-quantized rebuild the model from it."""
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.chdir(tmp_path)
+  # pylint: disable=protected-access
+  cfg = {"base_output_directory": str(tmp_path / "runs"), "run_name": "r"}
+  base = [f"base_output_directory={tmp_path / 'runs'}", "run_name=r"]
+  first = train._record_run(["a.yml", *base, "learning_rate=0.1"], cfg)
+  os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "4")
+  train._settle_record(first, 0)
+  second = train._record_run(["a.yml", *base, "learning_rate=0.2"], cfg)
+  assert "learning_rate=0.2" in run_record.find(second.path)[1]
+  if new_step:
+    os.makedirs(tmp_path / "runs" / "r" / "checkpoints" / "8")
+  train._settle_record(second, rc)
+  found = run_record.find(str(tmp_path / "runs" / "r" / "checkpoints" / "4" / "items"))
+  assert found is not None and f"learning_rate={'0.1' if kept == 'first' else '0.2'}" in found[1]
+
+
+def test_a_finished_run_ends_on_where_everything_went(tmp_path, monkeypatch, capsys):
+  """The last line names the metrics file, the run record, the checkpoints (with their steps) and TensorBoard, then
+  the export command (MaxText's own last line is its step log). The runner stands in for MaxText's main."""
+  monkeypatch.chdir(tmp_path)
+  for name in ("train-00000-of-00001.parquet", "eval-00000-of-00001.parquet"):
+    os.makedirs(tmp_path / "data" / "embedded", exist_ok=True)
+    (tmp_path / "data" / "embedded" / name).write_bytes(b"")
+  run = tmp_path / "runs" / "demo_nvfp4"
+
+  def fake_maxtext(argv):
+    for step in ("4", "9"):
+      os.makedirs(run / "checkpoints" / step)
+    os.makedirs(run / "tensorboard")
+
+  monkeypatch.setattr(train, "_pretrain", fake_maxtext)
+  monkeypatch.setattr("maxtext_nvfp4.register", lambda: None)  # nothing of MaxText's is patched in this process
+  monkeypatch.setattr("maxtext_nvfp4.integration.log_filter.install", lambda *a, **k: True)
+  assert train.cli_main(["demo_nvfp4", "steps=10", "enable_checkpointing=true"]) == 0
+  last = capsys.readouterr().out.strip().splitlines()[-2:]
+  assert last[0].startswith("maxtext-nvfp4 train: done; ")
+  assert f"metrics {tmp_path / 'runs' / 'demo_nvfp4.jsonl'}" in last[0]
+  assert f"run record {run / 'maxtext_nvfp4_run.json'}" in last[0] and (run / "maxtext_nvfp4_run.json").is_file()
+  assert f"checkpoints {run / 'checkpoints'} (steps 4, 9)" in last[0]
+  assert f"TensorBoard {run / 'tensorboard'}" in last[0]
+  assert last[1].startswith("next: ") and f"export {run / 'checkpoints'} --out {run}_hf" in last[1]
+
+
+@pytest.mark.parametrize("command", ["export", "eval-quantized"])
+def test_a_record_whose_recipe_is_gone_is_one_line(tmp_path, capsys, command):
+  """export and eval-quantized trust the run's record for the config: a recipe moved or deleted since the run was
+  a traceback (AttributeError from the config error's one-line formatter)."""
+  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools import run_record  # pylint: disable=import-outside-toplevel
+
+  run = tmp_path / "runs" / "r"
+  os.makedirs(run / "checkpoints" / "3" / "items")
+  (run / "checkpoints" / "3" / "commit_success.txt").write_text("")
+  run_record.write(str(run), [str(tmp_path / "gone.yml"), "steps=4"], {}, "test")
+  extra = ["--out", str(tmp_path / "hf")] if command == "export" else []
+  assert cli.main([command, str(run / "checkpoints"), *extra]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "Traceback" not in err[0] and f"names the recipe {tmp_path / 'gone.yml'}" in err[0], err
+  assert "--config" in err[0] and not (tmp_path / "hf").exists()
+
+
+def test_a_config_maxtext_refuses_leaves_no_folder_behind(tmp_path, monkeypatch, capsys):
+  """MaxText's own validation (after our checks) refuses: exit 2, one line, and neither the run record nor the
+  runs/ folders made for the metrics file and the checkpoints stay."""
+  monkeypatch.chdir(tmp_path)
+  for name in ("train-00000-of-00001.parquet", "eval-00000-of-00001.parquet"):
+    os.makedirs(tmp_path / "data" / "embedded", exist_ok=True)
+    (tmp_path / "data" / "embedded" / name).write_bytes(b"")
+
+  def refusing_maxtext(argv):
+    from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
+
+    raise settings.SettingsError("nvfp4_x=1: refused by MaxText's validation")
+
+  monkeypatch.setattr(train, "_pretrain", refusing_maxtext)
+  monkeypatch.setattr("maxtext_nvfp4.register", lambda: None)
+  monkeypatch.setattr("maxtext_nvfp4.integration.log_filter.install", lambda *a, **k: True)
+  assert train.cli_main(["demo_nvfp4", "steps=3"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == ["maxtext-nvfp4 train: error: nvfp4_x=1: refused by MaxText's validation"], err
+  assert sorted(os.listdir(tmp_path)) == ["data"]
