@@ -226,3 +226,11 @@ def test_user_xla_flags_and_dump_flags_untouched(monkeypatch):
   with pytest.raises(Exception):
     _config(quantization="nvfp4", distill_beta=0.5)  # MaxText fails after setting its flags: none left behind
   assert "XLA_FLAGS" not in os.environ
+
+
+def test_a_choice_yaml_reads_as_a_boolean_is_that_choice():
+  # MaxText's command line and YAML read `off` as False: a choice spelled so must still be that choice
+  c = _config(quantization="nvfp4", nvfp4_fp4_weight_gather="off")
+  assert c.nvfp4_fp4_weight_gather == "off"
+  with pytest.raises(Exception, match="nvfp4_fp4_weight_gather"):
+    _config(quantization="nvfp4", nvfp4_fp4_weight_gather="yes")  # a boolean that is no choice: still refused
