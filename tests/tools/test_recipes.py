@@ -111,7 +111,8 @@ def test_llama3_8b_published_settings(configs):
       assert c[k] == _value(arch[k]) or (k == "mlp_activations" and list(c[k]) == list(arch[k])), (name, k)
     assert (c["max_target_length"], c["per_device_batch_size"], c["ici_fsdp_parallelism"]) == (8192, 4, 4), name
     assert c["per_device_batch_size"] * c["ici_fsdp_parallelism"] == 16  # global batch 16 on 4 GPUs
-    assert c["remat_policy"] == "minimal_with_context_and_quantization" and c["scan_layers"] is False, name
+    # MaxText's GPU policy for the model: the published one plans more than a GB200's memory (RESULTS.md)
+    assert c["remat_policy"] == "minimal_with_context" and c["scan_layers"] is False, name
     assert c["attention"] == "cudnn_flash_te" and c["dtype"] == "bfloat16" and c["gradient_accumulation_steps"] == 1
     assert c["num_decoder_layers"] == 32 and c["emb_dim"] == 4096
   assert configs["llama3_8b_fp8"]["quantization"] == "te_fp8_delayedscaling"
