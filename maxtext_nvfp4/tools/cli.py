@@ -11,6 +11,8 @@ import difflib
 import importlib
 import sys
 
+from maxtext_nvfp4.tools.shell_command import shell_command  # noqa: F401  (re-exported: printed commands)
+
 # subcommand -> (module exposing ``cli_main(argv: list[str]) -> int``, one-line help)
 COMMANDS = {
     "train": ("maxtext_nvfp4.tools.train", "run MaxText pre-training with the NVFP4 plugin registered"),
@@ -38,24 +40,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
   def error(self, message: str):
     self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}; see {self.prog} --help\n")
-
-
-def shell_command(name: str = "maxtext-nvfp4") -> str:
-  """How to type this environment's ``name`` (``maxtext-nvfp4`` or ``python``) in the shell that started us, for
-  the commands we print: the bare name when ``PATH`` finds this environment's, else its path (relative to the
-  working directory when under it: ``.venv/bin/maxtext-nvfp4`` after ``bash scripts/demo.sh`` in a fresh clone,
-  whose venv is not activated; a bare ``python`` would then be the system one, without this package)."""
-  import os  # pylint: disable=import-outside-toplevel
-  import shutil  # pylint: disable=import-outside-toplevel
-
-  mine = sys.executable if name == "python" else os.path.join(os.path.dirname(sys.executable), name)
-  if name != "python" and not os.path.isfile(mine):  # no console script beside this interpreter
-    return f"{shell_command('python')} -m maxtext_nvfp4"
-  found = shutil.which(name)
-  if found and os.path.abspath(found) == os.path.abspath(mine):
-    return name
-  rel = os.path.relpath(mine)
-  return rel if not rel.startswith("..") else mine
 
 
 def _usage() -> str:

@@ -391,9 +391,9 @@ def _type_error(key: str, v: Any, want: type, choices: tuple[str, ...]) -> str:
 
 
 def _cmd() -> str:
-  from maxtext_nvfp4.tools import cli  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.tools.shell_command import shell_command  # pylint: disable=import-outside-toplevel
 
-  return cli.shell_command()
+  return shell_command()
 
 
 def settings_error(values: Mapping[str, Any]) -> str | None:

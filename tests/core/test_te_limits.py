@@ -98,11 +98,13 @@ def test_demo_with_mlp_dim_200_is_summarised_per_limit_with_the_key_to_change():
 
 
 def test_one_limit_broken_by_every_projection_of_126_layers_is_one_line():
-  values = recipes_mod.resolve([os.path.join(RECIPES, "llama3.1_405b_nvfp4.yml"), "max_target_length=8"]).values
-  lines = te_limits.summary(te_limits.check(values)).splitlines()
-  assert lines[1] == ("  M tokens (RHT rows of x and dy) = 8, not a multiple of 64: wgrad of query,key,value,out,wi_0,wi_1,wo"
-                      " in layers 0-125 (RHT cast fusion)"), lines
-  assert len(lines) == 3 and "change per_device_batch_size, max_target_length;" in lines[2], lines
+  recipe = os.path.join(RECIPES, "llama3.1_405b_nvfp4.yml")
+  for scan, where in (("false", "in layers 0-125"), ("true", "in every layer")):  # the recipe scans its layers
+    values = recipes_mod.resolve([recipe, "max_target_length=8", f"scan_layers={scan}"]).values
+    lines = te_limits.summary(te_limits.check(values)).splitlines()
+    assert lines[1] == ("  M tokens (RHT rows of x and dy) = 8, not a multiple of 64: wgrad of query,key,value,out,wi_0,"
+                        f"wi_1,wo {where} (RHT cast fusion)"), lines
+    assert len(lines) == 3 and "change per_device_batch_size, max_target_length;" in lines[2], lines
 
 
 def test_tensor_parallelism_checks_the_per_device_shard():

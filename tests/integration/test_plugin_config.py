@@ -39,6 +39,7 @@ NON_DEFAULT = {
     "nvfp4_diagnostics_interval": 3,
     "nvfp4_qat": "forward",  # with nvfp4_backward_override=dequantized: that backward
     "nvfp4_diagnostics_grad": True,
+    "nvfp4_fp4_weight_gather": "off",
 }
 
 
