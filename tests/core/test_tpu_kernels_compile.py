@@ -80,10 +80,12 @@ def test_no_full_size_32_bit_temporaries_and_narrow_outputs(compiled):
   outputs = compiled["hlo"].splitlines()[0].split("->", 1)[1]
   assert f"f4e2m1fn[{_M},{_K}]" in outputs and f"f8e4m3fn[{_M},{_K // 16}]" in outputs, outputs[:300]
   assert f"f4e2m1fn[{_K},{_K}]" in outputs and f"f8e4m3fn[{_K // 16},{_K // 16}]" in outputs, outputs[:300]
-  # x read by 4 calls and their amaxes (2 B each), W by 1 (+0.5 B/el of x's size), the outputs written once:
-  # measured below (benchmarks/RESULTS.md), plus slack
+  # bytes per element of x: four calls on x and one on W (half x's size), each an amax pass and the kernel's,
+  # plus XLA's prefetches into VMEM (S(1)) counted as copies (an upper bound of HBM traffic)
   assert compiled["bytes_per_element"] <= _BOUNDS["bytes_per_element"], summary
   assert compiled["temp_mib"] <= _BOUNDS["temp_mib"], summary
 
 
-_BOUNDS = dict(bytes_per_element=40.0, temp_mib=64.0)
+# Measured 2026-12-05 (h6-tpu, jax 0.12.0.1, libtpu 0.0.50.1): 26.57 B/element, 0.2 MiB of temporaries (22 non-GEMM
+# kernels, 9 full-size writes); the XLA forms of the same calls wrote hundreds of MiB of f32 temporaries.
+_BOUNDS = dict(bytes_per_element=28.0, temp_mib=1.0)

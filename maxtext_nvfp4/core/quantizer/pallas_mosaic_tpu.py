@@ -53,23 +53,25 @@ __all__ = ["COLS", "COLS_RHT", "ROWS", "TILES_2D", "codes_layout", "quantize", "
 _ROWS_TILE = ((128,), (256, 128))  # ROWS: (rows, columns); the transposed tile has the rows along the lanes
 _COLS_TILE = ((256, 128), (128,))  # COLS / COLS_RHT: (16 * groups, columns)
 _TILES_TILE = ((128,), (2048,))  # TILES_2D
-_FULL = 512  # a dimension that no listed size divides is one tile when it is at most this long  # a dimension that no listed size divides is one tile when it is at most this long
+# A dimension that no listed size divides is one tile when it is at most this long (rows, columns): a block as
+# long as the array's dimension is what Mosaic takes besides multiples of (8, 128); W's columns up to 4096.
+_WHOLE = {ROWS: (512, 512), COLS: (512, 512), COLS_RHT: (512, 512), TILES_2D: (512, 4096)}
 
 
-def _pick(n: int, sizes, multiple: int) -> int | None:
-  """The first of ``sizes`` dividing ``n``, else ``n`` itself when it is small (a whole-dimension block) and a
-  multiple of ``multiple``, else None."""
+def _pick(n: int, sizes, multiple: int, whole: int) -> int | None:
+  """The first of ``sizes`` dividing ``n``, else ``n`` itself when it is at most ``whole`` long (a
+  whole-dimension block) and a multiple of ``multiple``, else None."""
   for s in sizes:
     if n % s == 0:
       return s
-  return n if n <= _FULL and n % multiple == 0 else None
+  return n if n <= whole and n % multiple == 0 else None
 
 
 def tile_for(layout: str, rows: int, cols: int) -> tuple[int, int] | None:
   """The kernel's tile (rows, columns) of a (rows, cols) slice, or None when none fits."""
   sizes = {ROWS: _ROWS_TILE, COLS: _COLS_TILE, COLS_RHT: _COLS_TILE, TILES_2D: _TILES_TILE}[layout]
-  r = _pick(rows, sizes[0], 1 if layout == ROWS else _BLOCK)
-  c = _pick(cols, sizes[1], _BLOCK if layout in (ROWS, TILES_2D) else 1)
+  r = _pick(rows, sizes[0], 1 if layout == ROWS else _BLOCK, _WHOLE[layout][0])
+  c = _pick(cols, sizes[1], _BLOCK if layout in (ROWS, TILES_2D) else 1, _WHOLE[layout][1])
   return None if r is None or c is None else (r, c)
 
 
