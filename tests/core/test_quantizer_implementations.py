@@ -335,3 +335,4 @@ def test_mosaic_kernels_under_one_vmap_and_their_refusals():
     with pytest.raises(nv.ImplementationUnavailableError, match="implementation='mosaic_tpu' cannot quantize") as e:
       nv.quantize_values(x, implementation="mosaic_tpu", **kw)
     assert reason in str(e.value) and "\n" not in str(e.value), str(e.value)
+

@@ -9,12 +9,16 @@ along axis 0 (COLS) -- the automatic dispatch choosing the kernels, no full-size
 and E4M3 scales kept narrow, and the non-GEMM bytes within the bound measured at the commit that set it
 (``benchmarks/RESULTS.md``, "mosaic_tpu") plus slack.
 
+With them (no libtpu needed, but a child process with four CPU devices, so here rather than in the core suite):
+the kernels on an operand sharded over a 2x2 mesh, through the interpreter, give the XLA form's bits.
+
 A stage of its own (skipped unless MAXTEXT_NVFP4_TARGET_COMPILE_TESTS=1), in the environment with ``libtpu`` at
-jax's pin (``.venv-targets``); one compile, about 30 s of CPU.
+jax's pin (``.venv-targets``); one compile and one child process, about 30 s of CPU.
 """
 
 import importlib.metadata
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -89,3 +93,45 @@ def test_no_full_size_32_bit_temporaries_and_narrow_outputs(compiled):
 # Measured 2026-12-05 (h6-tpu, jax 0.12.0.1, libtpu 0.0.50.1): 26.57 B/element, 0.2 MiB of temporaries (22 non-GEMM
 # kernels, 9 full-size writes); the XLA forms of the same calls wrote hundreds of MiB of f32 temporaries.
 _BOUNDS = dict(bytes_per_element=28.0, temp_mib=1.0)
+
+
+_MOSAIC_SHARDED = r"""
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from maxtext_nvfp4.core import nvfp4 as nv
+from maxtext_nvfp4.core.quantizer import pallas_mosaic_tpu as pm
+pm._ROWS_TILE = pm._COLS_TILE = pm._TILES_TILE = ((16,), (32,))  # several tiles per shard
+assert jax.device_count() == 4, jax.devices()
+mesh = jax.make_mesh((2, 2), ("a", "b"), axis_types=(AxisType.Auto,) * 2)
+rng = np.random.default_rng(0)
+x = jnp.asarray(rng.standard_normal((128, 256)) * np.exp2(rng.integers(-10, 10, (128, 1))), jnp.bfloat16)
+key = jax.random.key(3)
+for layout, kw, spec in [(pm.ROWS, {}, P("a", "b")), (pm.COLS_RHT, dict(axis=0, rht=True), P(None, ("a", "b"))),
+                         (pm.COLS_RHT, dict(axis=0, rht=True), P(("b", "a"), None))]:
+  f = jax.jit(lambda x, k: pm.quantize_values(x, jnp.bfloat16, layout, k, interpret=True))
+  xs = jax.device_put(x, NamedSharding(mesh, spec))
+  got, amax = f(xs, key)
+  want, want_amax = nv.quantize_values(x, stochastic_key=key, implementation="xla", **kw)
+  assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), (layout, spec)
+  assert np.asarray(amax) == np.asarray(want_amax), (layout, spec)
+  assert "all-gather" not in f.lower(xs, key).compile().as_text(), (layout, spec)
+g = jax.jit(lambda x: pm.quantize(x, pm.TILES_2D, interpret=True))
+xs = jax.device_put(x, NamedSharding(mesh, P("a", "b")))
+t, w = g(xs), nv.quantize(x, block_2d=True, implementation="xla")
+assert np.array_equal(np.asarray(nv.pack(t.data)), np.asarray(nv.pack(w.data)))
+assert np.array_equal(np.asarray(t.scale, np.float32), np.asarray(w.scale, np.float32))
+gathered = [l for l in g.lower(xs).compile().as_text().splitlines() if "all-gather(" in l]
+assert all("bf16" not in l and "f32" not in l for l in gathered), gathered  # the E4M3 scales at most
+print("ok")
+"""
+
+
+def test_mosaic_kernels_on_a_sharded_operand_quantize_each_shard_with_global_bits():
+  """Over a 2x2 mesh of CPU devices (a child process): each device's kernel takes its shard, with the whole
+  operand's amax (the RHT's group maxima reduced across devices) and the SR bits of its global positions; no
+  operand is gathered (quantize's E4M3 scales are: their sharding rule does not carry the column axis)."""
+  env = dict(os.environ, XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  r = subprocess.run([sys.executable, "-c", _MOSAIC_SHARDED], env=env, capture_output=True, text=True, timeout=600,
+                     check=False)
+  assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]

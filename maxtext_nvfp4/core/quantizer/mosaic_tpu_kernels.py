@@ -250,27 +250,25 @@ def quantize_call(amax_bits, seeds, x3, *, layout: str, tile, dtype, codes: bool
 
 
 def _rht_max_kernel(x_ref, m_ref):
-  """Per tile: max |RHT(x)| bits over the tile, as an (8, 128) int32 block (every entry the same)."""
-  m = formats.canonical_nan_bits(abs_bits(rht_tile(formats.to_f32_exact(x_ref[...]))))
-  m_ref[...] = jnp.broadcast_to(jnp.max(m), m_ref.shape)
+  """Per tile: each group's max |RHT(x)| bits (a NaN as the quiet NaN), (g, L) int32."""
+  m_ref[...] = block_max_bits(formats.canonical_nan_bits(abs_bits(rht_tile(formats.to_f32_exact(x_ref[...])))))
 
 
 @functools.partial(jax.jit, static_argnames=("tile", "interpret"))
-def rht_amax_call(x3, *, tile, interpret: bool):
-  """Each slice's max |RHT(x)| as fp32 bits (batch,) int32 (a NaN as the quiet NaN) of x3 (batch, T/16, 16, N):
-  the kernel's per-tile maxima, then XLA's max over them (1/32768 of the data or less)."""
+def rht_maxima_call(x3, *, tile, interpret: bool):
+  """Each group's max |RHT(x)| as fp32 bits, (batch, T/16, N) int32 (a NaN as the quiet NaN), of x3 (batch,
+  T/16, 16, N): 1/64 of x's bytes written; the slice's amax is XLA's max over them (across devices when x is
+  sharded)."""
   batch, groups, _, n = x3.shape
   tt, tc = tile
   g = tt // _BLOCK
-  grid = (batch, groups // g, n // tc)
-  maxima = pl.pallas_call(
+  return pl.pallas_call(
       _rht_max_kernel,
-      out_shape=jax.ShapeDtypeStruct((batch, grid[1], grid[2], 8, 128), jnp.int32),
-      grid=grid,
+      out_shape=jax.ShapeDtypeStruct((batch, groups, n), jnp.int32),
+      grid=(batch, groups // g, n // tc),
       in_specs=[pl.BlockSpec((None, g, _BLOCK, tc), lambda b, i, j: (b, i, 0, j))],
-      out_specs=pl.BlockSpec((None, None, None, 8, 128), lambda b, i, j: (b, i, j, 0, 0)),
+      out_specs=pl.BlockSpec((None, g, tc), lambda b, i, j: (b, i, j)),
       compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",) * 3),
       interpret=interpret,
       name="nvfp4_rht_amax",
   )(x3)
-  return jnp.max(maxima[:, :, :, 0, 0], axis=(1, 2))

@@ -5,8 +5,8 @@ XLA:TPU cannot keep the XLA form's (..., 16)-blocked views in its (8, 128)-tiled
 (a minor dimension of 16 pads to 128 lanes), copies between layouts, and writes fp32 temporaries of the operand's
 size (``benchmarks/RESULTS.md``). Here::
 
-    pass 1:   amax = max |x|  (XLA's reduce of the bits)  or  max |RHT(x)|  (COLS_RHT: a kernel's per-tile maxima,
-              then XLA's max over them)
+    pass 1:   amax = max |x|  (XLA's reduce of the bits)  or  max |RHT(x)|  (COLS_RHT: a kernel's per-group maxima,
+              1/64 of x's bytes, then XLA's max over them)
     pass 2:   one kernel (``mosaic_tpu_kernels.py``): the per-tensor chain and the SR key words in the kernel, then
               block scales, codes and values of whole blocks, written once
 
@@ -135,10 +135,11 @@ def _view(x, layout: str, batched: bool):
   return xb.reshape(xb.shape[0], xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
 
 
-def _amax_bits(x3, layout: str, tile, interpret: bool):
+def _amax_bits(x3, layout: str, interpret: bool):
   """Each slice's max |x| (or |RHT(x)|) as fp32 bits (batch,) int32, a NaN as the quiet NaN."""
   if layout == COLS_RHT:
-    return kernels.rht_amax_call(x3, tile=tile, interpret=interpret)
+    maxima = _partitioned_rht_maxima(interpret)(x3)
+    return jnp.max(maxima, axis=(1, 2))  # non-negative bits: int32 order is |x|'s
   bits = formats.canonical_nan_bits(kernels.abs_bits(formats.to_f32_exact(x3))).astype(jnp.uint32)
   # uint32 (the same order for these non-negative bits) as pallas_triton's: one reduction emitter, no extra program
   return lax.bitcast_convert_type(jnp.max(bits, axis=tuple(range(1, x3.ndim))), jnp.int32)
@@ -264,12 +265,39 @@ def _partitioned(layout: str, **kw):
   return call
 
 
+def _partitioned_rht_maxima(interpret: bool):
+  """``kernels.rht_maxima_call`` under ``custom_partitioning``: each device's shard's group maxima (the max over
+  them, across devices, is XLA's)."""
+
+  def run(x3):
+    return kernels.rht_maxima_call(x3, tile=_tile_of(COLS_RHT, x3.shape), interpret=interpret)
+
+  call = custom_partitioning(run)
+
+  def out_sharding(mesh, x_spec):
+    return NamedSharding(mesh, PartitionSpec(x_spec[0], x_spec[1], x_spec[3]))
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    x = arg_shapes[0]
+    return out_sharding(mesh, _x3_spec(COLS_RHT, x.sharding.spec, x.shape, mesh))
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    x = arg_shapes[0]
+    x_spec = _x3_spec(COLS_RHT, x.sharding.spec, x.shape, mesh)
+    return mesh, run, out_sharding(mesh, x_spec), (NamedSharding(mesh, x_spec),)
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule="b g r n -> b g n",
+                     need_replication_factors=("r",))
+  return call
+
+
 def _run(x, layout: str, stochastic_key, *, codes: bool, dtype, batched: bool, key_batched: bool,
          interpret: bool):
   """(outputs, amax per slice) of the kernel on x."""
   x3 = _view(x, layout, batched)
-  tile = _tile_of(layout, x3.shape)
-  amax_bits = _amax_bits(x3, layout, tile, interpret)
+  amax_bits = _amax_bits(x3, layout, interpret)
   seeds, threefry = random_bits.kernel_seeds(stochastic_key, x3.shape[0], key_batched)
   folds = seeds.shape[1] - 2
   seeds = _seeds_with_origin(seeds.astype(jnp.uint32), 0, 0)
