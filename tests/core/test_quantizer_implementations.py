@@ -220,7 +220,8 @@ def test_the_environment_variable_chooses_for_a_whole_run_and_the_argument_overr
 
 
 def test_bad_or_impossible_requests_are_one_line_errors():
-  with pytest.raises(ValueError, match=r"implementation='pallas': choose one of \('xla', 'triton', 'mosaic_tpu'\), or None"):
+  with pytest.raises(ValueError,
+                     match=r"implementation='pallas': choose one of \('xla', 'triton', 'mosaic_tpu'\), or None"):
     nv.quantize_values(_X, implementation="pallas")
   cases = {
       "a scale rule other than TE's standard one": dict(scale_rule=nv.ScaleRule(row_scaled=True)),
@@ -336,3 +337,22 @@ def test_mosaic_kernels_under_one_vmap_and_their_refusals():
       nv.quantize_values(x, implementation="mosaic_tpu", **kw)
     assert reason in str(e.value) and "\n" not in str(e.value), str(e.value)
 
+
+
+def test_block_values_on_a_tpu_are_the_same_products():
+  """``block_values``' TPU form (the data as (K/16, 16, N), the scales broadcast along sublanes) against the
+  repeat form every other platform runs, bit for bit: 16x16 tiles and 1x16 blocks along axis 0, with RHT, on
+  the subnormal input kind; 1x16 blocks along the last axis keep the repeat form."""
+  from maxtext_nvfp4.core.quantizer import tensor  # pylint: disable=import-outside-toplevel
+
+  x = jnp.asarray(input_for("subnormal", "2d"), jnp.bfloat16)  # 64x128, the every-kind tests' (compiled) call
+  for kw in (dict(block_2d=True), dict(axis=0), dict(axis=0, rht=True)):
+    t = nv.quantize(x, implementation="xla", **kw)
+    want = np.asarray(tensor._block_values_repeat(t, jnp.bfloat16), np.float32)  # pylint: disable=protected-access
+    got = np.asarray(tensor._block_values_blocked(t, jnp.bfloat16), np.float32)  # pylint: disable=protected-access
+    assert_bits_equal(got, want, f"block_values {kw}")
+  assert tensor._blocked_view(nv.quantize(x, implementation="xla")) is None  # pylint: disable=protected-access
+  text = jax.jit(lambda t: nv.block_values(t)).trace(nv.quantize(x, block_2d=True)).lower(
+      lowering_platforms=("tpu",)).as_text()
+  # x (64, 128): the data as (4, 16, 128) blocks of rows; no (64, 8, 16) lane-blocked scales (the repeat form's)
+  assert "stablehlo.multiply" in text and "tensor<4x16x128xf32>" in text and "64x8x16" not in text

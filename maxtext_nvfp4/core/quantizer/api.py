@@ -269,7 +269,8 @@ def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule,
   triton_plan = pallas_triton.values_layout(x, axis_n, block_2d, rht, rule)
   tpu_plan = pallas_mosaic_tpu.values_layout(x, axis_n, block_2d, rht, rule)
   forms = {
-      "triton": (triton_plan, lambda x, *key, **kw: pallas_triton.quantize_values(x, dtype, triton_plan[0], *key, **kw)),
+      "triton": (triton_plan,
+                 lambda x, *key, **kw: pallas_triton.quantize_values(x, dtype, triton_plan[0], *key, **kw)),
       "mosaic_tpu": (tpu_plan,
                      lambda x, *key, **kw: pallas_mosaic_tpu.quantize_values(x, dtype, tpu_plan[0], *key, **kw)),
   }

@@ -25,7 +25,8 @@ and the encode scales are integer arithmetic on significands (division only as a
 :func:`formulas.scale_product_normal` and :func:`formulas.abs_times_enc_normal`, and the RHT's tiny-group paths
 scale by powers of two before any sum. XLA:CPU flushes fp32 subnormals as a TPU does (operands and results), so
 the shared suite's subnormal and tiny input kinds, run through the interpreter on a CPU, check this
-(``tests/core/test_quantizer_implementations.py``). No inexact product feeds a sum (FMA contraction cannot change a bit).
+(``tests/core/test_quantizer_implementations.py``). No inexact product feeds a sum (FMA contraction cannot change
+a bit).
 The RHT's 16-term sums run left to right (``hadamard.rht16_column``, as the Triton kernels): the XLA form's bits
 wherever the sums do not depend on their order (the RHT's contract).
 """

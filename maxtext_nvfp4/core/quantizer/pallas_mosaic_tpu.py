@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -38,9 +37,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core.quantizer import mosaic_tpu_kernels as kernels
-from maxtext_nvfp4.core.quantizer import random_bits
+from maxtext_nvfp4.core.quantizer import pallas_triton, random_bits
 from maxtext_nvfp4.core.quantizer.formulas import BLOCK as _BLOCK
-from maxtext_nvfp4.core.quantizer.formulas import E4M3_MAX, STANDARD_RULE, ScaleRule
+from maxtext_nvfp4.core.quantizer.formulas import E4M3_MAX, ScaleRule
 from maxtext_nvfp4.core.quantizer.mosaic_tpu_kernels import COLS, COLS_RHT, ROWS, TILES_2D
 from maxtext_nvfp4.core.quantizer.tensor import NVFP4Tensor
 
@@ -78,20 +77,8 @@ def tile_for(layout: str, rows: int, cols: int) -> tuple[int, int] | None:
 # ----------------------------------------------------------------------------------------------
 # Which calls the kernels take
 # ----------------------------------------------------------------------------------------------
-def _operand_refusal(x, rule: ScaleRule) -> str | None:
-  if rule != STANDARD_RULE:
-    return "a scale rule other than TE's standard one (4over6, row-scaled or E4M3 bound 256)"
-  if any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ()):
-    return "an operand whose type carries a sharding (an Explicit mesh axis; pallas_call takes unsharded types)"
-  if x.size == 0:
-    return "an empty operand"
-  if x.dtype not in (jnp.bfloat16, jnp.float32):
-    return f"a {x.dtype} operand (the kernels take bf16 or fp32)"
-  return None
-
-
 def _layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule) -> tuple[str | None, str | None]:
-  refusal = _operand_refusal(x, rule)
+  refusal = pallas_triton.operand_refusal(x, rule)  # the same operands as the Triton kernels'
   if refusal:
     return None, refusal
   if block_2d:

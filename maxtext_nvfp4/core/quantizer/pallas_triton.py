@@ -54,7 +54,7 @@ def explicitly_sharded(x) -> bool:
   return any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ())
 
 
-def _operand_refusal(x, rule: ScaleRule) -> str | None:
+def operand_refusal(x, rule: ScaleRule) -> str | None:
   """Why no kernel takes this operand at all (None: every kernel could): TE's standard rule, a non-empty bf16
   or fp32 operand whose type carries no sharding."""
   if rule != STANDARD_RULE:
@@ -74,7 +74,7 @@ def values_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule) -> tupl
   (:data:`COLS_RHT`) -- else ``(None, why not)``: the XLA form."""
   if block_2d:
     return None, "quantize_values in 16x16 tiles (the tile kernel writes quantize's codes)"
-  refusal = _operand_refusal(x, rule)
+  refusal = operand_refusal(x, rule)
   if refusal:
     return None, refusal
   if not rht:
@@ -93,7 +93,7 @@ def codes_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule,
   """``(layout, None)`` for the kernel layout that computes this ``quantize`` call in TE's byte layout -- RHT
   along axis 0 of a 2D operand whose columns are a multiple of 4 (:data:`COLS_RHT`), or 16x16 tiles of a 2D
   operand (:data:`TILES_2D`: W), round to nearest -- else ``(None, why not)``: the XLA form."""
-  refusal = _operand_refusal(x, rule)
+  refusal = operand_refusal(x, rule)
   if refusal:
     return None, refusal
   if stochastic:
