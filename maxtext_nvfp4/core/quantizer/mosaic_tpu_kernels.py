@@ -258,7 +258,7 @@ def _rht_max_kernel(x_ref, m_ref):
 @functools.partial(jax.jit, static_argnames=("tile", "interpret"))
 def rht_maxima_call(x3, *, tile, interpret: bool):
   """Each group's max |RHT(x)| as fp32 bits, (batch, T/16, N) int32 (a NaN as the quiet NaN), of x3 (batch,
-  T/16, 16, N): 1/64 of x's bytes written; the slice's amax is XLA's max over them (across devices when x is
+  T/16, 16, N): 4 bytes per 16 elements written; the slice's amax is XLA's max over them (across devices when x is
   sharded)."""
   batch, groups, _, n = x3.shape
   tt, tc = tile

@@ -6,7 +6,7 @@ XLA:TPU cannot keep the XLA form's (..., 16)-blocked views in its (8, 128)-tiled
 size (``benchmarks/RESULTS.md``). Here::
 
     pass 1:   amax = max |x|  (XLA's reduce of the bits)  or  max |RHT(x)|  (COLS_RHT: a kernel's per-group maxima,
-              1/64 of x's bytes, then XLA's max over them)
+              int32 per 16 elements, then XLA's max over them)
     pass 2:   one kernel (``mosaic_tpu_kernels.py``): the per-tensor chain and the SR key words in the kernel, then
               block scales, codes and values of whole blocks, written once
 
@@ -14,7 +14,7 @@ Layouts (:func:`values_layout`, :func:`codes_layout`), TE's standard rule: :data
 last axis of any operand (x for fprop, dy for dgrad); :data:`COLS` / :data:`COLS_RHT` -- 1x16 blocks along axis 0
 of a 2D operand, without / with the RHT (x and dy for wgrad); :data:`TILES_2D` -- 16x16 tiles of a 2D operand
 (W). ``quantize_values`` writes the values in the operand's dtype; ``quantize`` writes each E2M1 value as an E4M3
-byte (exact; Mosaic stores no 4-bit type before TPU v7) and XLA converts it to ``float4_e2m1fn`` (0.5 byte per
+byte (exact; the kernels store no 4-bit type) and XLA converts it to ``float4_e2m1fn`` (0.5 byte per
 element), and the E4M3 scales directly. Round to nearest or stochastic rounding (``random_bits``' bytes of each
 element's position; the key's ``fold_in`` chain and Threefry bits computed in the kernel). An operand whose
 shape does not tile (below) takes the XLA form.
