@@ -54,6 +54,8 @@ __all__ = [
     "grid_index",
     "grid_value",
     "host_significand",
+    "is_inf_bits",
+    "is_nan_bits",
     "is_zero",
     "min_nan",
     "negate_where",
@@ -156,6 +158,17 @@ def significand(v):
   return m, jnp.where(sub, -126 - shift, e_field - 127)
 
 
+def is_nan_bits(v):
+  """``isnan(v)`` for fp32 ``v`` from its bits (no float compare: a flush-to-zero backend's compare reads a
+  subnormal as zero, and the bit test keeps every fp32 operation away from subnormal operands)."""
+  return (bits(v) & np.uint32(F32_ABS_MASK)) > np.uint32(F32_EXP_MASK)
+
+
+def is_inf_bits(v):
+  """``isinf(v)`` for fp32 ``v`` from its bits (as :func:`is_nan_bits`)."""
+  return (bits(v) & np.uint32(F32_ABS_MASK)) == np.uint32(F32_EXP_MASK)
+
+
 def is_zero(v):
   """``v == ±0`` for fp32 ``v`` with subnormals nonzero, from its significand (as :func:`div_rn`'s zero tests).
 
@@ -221,8 +234,12 @@ def quotient_bits(q, r, mb, e, *, subnormals: bool = True, saturate: bool = Fals
   ``saturate=True`` gives FLT_MAX's bits instead of inf's (``min(q, FLT_MAX)``, as integers).
   """
   up = (2 * r > mb) | ((2 * r == mb) & ((q & 1) == 1))
-  limit = np.uint32(0x7F7FFFFF if saturate else F32_EXP_MASK)
-  normal = jnp.minimum(((e + 126).astype(jnp.uint32) << 23) + (q + up.astype(jnp.int32)).astype(jnp.uint32), limit)
+  # int32 arithmetic only (Mosaic TPU has no unsigned min): a field of 254 or more overflows (to ``limit``); below
+  # it the bits stay under 2**31
+  limit = np.int32(0x7F7FFFFF if saturate else F32_EXP_MASK)
+  field = e + 126
+  below = (jnp.minimum(field, 253) << 23) + q + up.astype(jnp.int32)
+  normal = jnp.where(field >= 254, limit, jnp.minimum(below, limit)).astype(jnp.uint32)
   if not subnormals:
     return normal
   s = jnp.clip(-126 - e, 1, 25)

@@ -4,8 +4,11 @@ Every implementation (``implementation=`` of ``core/quantizer/api.py``) against 
 independent numpy reference (``nvfp4_reference.py``), bit for bit: round to nearest on every input kind,
 stochastic rounding given the same random bytes, fp32 operands. "triton" runs the Pallas kernels; on this CPU
 the api takes them through Pallas's interpreter with the flush-to-zero-safe forms (on XLA:GPU the plain forms,
-pinned to these by ``test_nvfp4_gpu_paths.py``). A call an implementation does not compute must refuse when
-forced: :data:`COMPUTES` says which calls each computes, so a lost (or a new) kernel fails here.
+pinned to these by ``test_nvfp4_gpu_paths.py``). "mosaic_tpu" runs the Mosaic TPU kernels' bodies through the
+interpreter, on XLA:CPU's arithmetic, which flushes fp32 subnormals as a TPU's does (its subnormal and tiny input
+kinds are the flush-to-zero check; that Mosaic compiles the kernels for a TPU is ``test_tpu_kernels_compile.py``'s
+job). A call an implementation does not compute must refuse when forced: :data:`COMPUTES` says which calls each
+computes, so a lost (or a new) kernel fails here.
 
 The dispatch: the forced path is the one that runs, the environment variable for a whole run, the argument
 over the variable, the one-line errors, and the one log line per run and reason when a call leaves the kernels.
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 from maxtext_nvfp4.core import nvfp4 as nv
-from maxtext_nvfp4.core.quantizer import api, random_bits
+from maxtext_nvfp4.core.quantizer import api, pallas_mosaic_tpu, random_bits
 from nvfp4_reference import (  # the independent oracle and its inputs (tests/core/nvfp4_reference.py)
     KINDS, MODE_KW, MODES, assert_bits_equal, golden_case_names, golden_mode, input_for, load_golden, make_input,
     quantize_ref, rht_ref, values_ref)
@@ -32,6 +35,7 @@ IMPLEMENTATIONS = nv.IMPLEMENTATIONS
 COMPUTES = {
     "xla": {"quantize": set(MODES), "values": set(MODES)},
     "triton": {"quantize": {"2d", "rht_col"}, "values": {"row", "rht_col"}},
+    "mosaic_tpu": {"quantize": set(MODES), "values": set(MODES)},
 }
 
 
@@ -97,8 +101,15 @@ def test_reference_reproduces_the_golden_vectors(golden, name):
     assert_bits_equal(nv.rht(x, axis=0), z[name + "_xrht"], f"{name} rht vs _xrht")
 
 
-@pytest.mark.parametrize("name", golden_case_names() or ["<golden file missing>"])
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+# Pallas's interpreter compiles each shape of "mosaic_tpu" anew (seconds on a 2-core host): its golden cases are
+# the ones of the input kinds' shape (64x128, one compile per mode for the whole file); its many-tile cases are
+# the stochastic-rounding test's (small tiles, below).
+_MOSAIC_SHAPES = ("64x128",)
+_GOLDEN_RUNS = [(impl, name) for impl in IMPLEMENTATIONS for name in golden_case_names() or ["<golden file missing>"]
+                if impl != "mosaic_tpu" or name.endswith(_MOSAIC_SHAPES)]
+
+
+@pytest.mark.parametrize("impl, name", _GOLDEN_RUNS, ids=[f"{i}-{n}" for i, n in _GOLDEN_RUNS])
 def test_golden_vectors(golden, impl, name):
   z, idx = golden
   mode = golden_mode(idx[name])
@@ -121,9 +132,13 @@ def test_reference_on_every_input_kind(impl, kind, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_reference_stochastic_rounding(impl, mode):
+def test_reference_stochastic_rounding(impl, mode, monkeypatch):
   """SR given the same random bytes (``random_bits``: the reference takes them as its fractions): every input
-  kind side by side. quantize's codes kernels round to nearest: forced "triton", SR in quantize refuses."""
+  kind side by side. quantize's codes kernels round to nearest: forced "triton", SR in quantize refuses.
+  "mosaic_tpu" with small tiles: a 7x4 grid, each tile's elements at their global positions."""
+  if impl == "mosaic_tpu":
+    for table in ("_ROWS_TILE", "_COLS_TILE", "_TILES_TILE"):
+      monkeypatch.setattr(pallas_mosaic_tpu, table, ((64,), (32,)))
   kinds = ("normal", "wide_tile", "zero_blocks", "tiny_clamped", "subnormal", "huge", "ties")
   x = np.concatenate([input_for(k, mode) for k in kinds], 0)
   key = jax.random.key(5)
@@ -143,8 +158,13 @@ def test_reference_stochastic_rounding(impl, mode):
   _check(impl, xb, mode, q, s8, amax, f"{impl} {mode} SR", key=key)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+# fp32 operands reach the kernels' arithmetic as bf16 ones do (widened by bits): "mosaic_tpu" runs one layout
+# without the RHT and the RHT's own (exact sums at every scale).
+_FP32_RUNS = [(impl, mode) for impl in IMPLEMENTATIONS for mode in MODES
+              if impl != "mosaic_tpu" or mode in ("row", "rht_col")]
+
+
+@pytest.mark.parametrize("impl, mode", _FP32_RUNS, ids=[f"{i}-{m}" for i, m in _FP32_RUNS])
 def test_reference_on_fp32_operands(impl, mode):
   """fp32 operands used as given (values off the bf16 grid): rows from 1e-20 to 1e20; for the RHT, 11-bit
   integers at a power-of-two scale per group (their 16-term sums are exact: the sum order does not matter)."""
@@ -194,12 +214,14 @@ def test_the_environment_variable_chooses_for_a_whole_run_and_the_argument_overr
   monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "auto")
   assert "pallas_call" in str(jax.make_jaxpr(lambda x: nv.quantize_values(x))(_X))
   monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "cuda")
-  with pytest.raises(ValueError, match=rf"{nv.IMPLEMENTATION_ENV}='cuda': choose one of \('auto', 'xla', 'triton'\)"):
+  with pytest.raises(ValueError,
+                     match=rf"{nv.IMPLEMENTATION_ENV}='cuda': choose one of \('auto', 'xla', 'triton', 'mosaic_tpu'\)"):
     nv.quantize(_X)
 
 
 def test_bad_or_impossible_requests_are_one_line_errors():
-  with pytest.raises(ValueError, match=r"implementation='pallas': choose one of \('xla', 'triton'\), or None"):
+  with pytest.raises(ValueError,
+                     match=r"implementation='pallas': choose one of \('xla', 'triton', 'mosaic_tpu'\), or None"):
     nv.quantize_values(_X, implementation="pallas")
   cases = {
       "a scale rule other than TE's standard one": dict(scale_rule=nv.ScaleRule(row_scaled=True)),
@@ -257,3 +279,80 @@ def test_on_a_gpu_a_second_vmap_logs_its_line(fallback_log, monkeypatch):
   jax.make_jaxpr(jax.vmap(jax.vmap(lambda a: nv.quantize_values(a))))(x4)
   lines = fallback_log()
   assert len(lines) == 1 and "a second vmap" in lines[0] and nv.IMPLEMENTATION_ENV in lines[0], lines
+
+
+def _tpu_program(fn, x):
+  """The StableHLO of ``fn(x)`` lowered for a TPU (no TPU needed: Mosaic kernels lower to a custom call)."""
+  return jax.jit(fn).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+
+
+def test_on_a_tpu_the_automatic_choice_is_the_mosaic_kernels(fallback_log, monkeypatch):
+  """Lowered for a TPU with a TPU as the default device: every call of TE's standard rule runs the Mosaic kernels
+  (one custom call each, two with the RHT's amax kernel), silently; a call they do not compute takes the XLA form
+  with one log line naming them and the reason; a second vmap logs its own line."""
+  monkeypatch.setattr(api, "_default_platform", lambda: "tpu")
+  x = jnp.asarray(make_input("normal", (48, 352), 6), jnp.bfloat16)  # a shape no other test traces
+  key = jax.random.key(1)
+  calls = {
+      "values 1x16": (lambda a: nv.quantize_values(a, stochastic_key=key), 1),
+      "codes 16x16": (lambda a: nv.quantize(a, block_2d=True), 1),
+      "codes RHT SR": (lambda a: nv.quantize(a, axis=0, rht=True, stochastic_key=key), 2),
+  }
+  for what, (fn, kernels) in calls.items():
+    assert _tpu_program(fn, x).count("@tpu_custom_call") == kernels, what
+  assert fallback_log() == []
+  text = _tpu_program(lambda a: nv.quantize(a, scale_rule=nv.ScaleRule(selection="4over6")), x)
+  assert "tpu_custom_call" not in text
+  lines = fallback_log()
+  assert len(lines) == 1 and "the XLA form, not the Pallas Mosaic TPU kernels, for a scale rule other than" in lines[0]
+  assert f"{nv.IMPLEMENTATION_ENV}=xla or =mosaic_tpu chooses" in lines[0], lines
+  jax.make_jaxpr(jax.vmap(jax.vmap(lambda a: nv.quantize_values(a))))(x.reshape(2, 2, 12, 352))
+  lines = fallback_log()
+  assert len(lines) == 2 and "a second vmap" in lines[1] and "Mosaic" in lines[1], lines
+
+
+def test_mosaic_kernels_under_one_vmap_and_their_refusals():
+  """One vmap (MoE's experts): one kernel over the batch, each slice with its own amax and SR key, the XLA form's
+  bits; the calls the kernels do not compute are one-line errors when forced."""
+  rng = np.random.default_rng(8)
+  xb = jnp.asarray(rng.standard_normal((3, 32, 64)) * np.exp2(rng.integers(-30, 30, (3, 1, 1))), jnp.bfloat16)
+  keys = jax.random.split(jax.random.key(4), 3)
+  run = lambda impl: jax.vmap(lambda a, k: nv.quantize_values(a, stochastic_key=k, implementation=impl))  # noqa: E731
+  got, want = run("mosaic_tpu")(xb, keys), run("xla")(xb, keys)
+  assert_bits_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32), "one vmap, mosaic_tpu vs xla")
+  assert_bits_equal(np.asarray(got[1]), np.asarray(want[1]), "one vmap, amax per slice")
+  codes = jax.vmap(lambda a: nv.quantize(a, axis=0, rht=True, implementation="mosaic_tpu"))(xb)
+  for i in range(3):
+    one = nv.quantize(xb[i], axis=0, rht=True, implementation="xla")
+    assert_bits_equal(np.asarray(nv.pack(codes.data[i])), np.asarray(nv.pack(one.data)), f"batched codes {i}")
+    assert_bits_equal(np.asarray(codes.scale[i], np.float32), np.asarray(one.scale, np.float32), f"scales {i}")
+  cases = {
+      "a float16 operand": (xb[0].astype(jnp.float16), {}),
+      "1x16 blocks along an axis other than the last (or axis 0 of a 2D operand)": (xb, dict(axis=1)),
+      "RHT along an axis other than axis 0 of a 2D operand": (xb[0], dict(axis=1, rht=True)),
+      "that does not tile": (jnp.ones((16, 16 * 257), jnp.bfloat16), {}),  # 257 blocks: no tile divides them
+  }
+  for reason, (x, kw) in cases.items():
+    with pytest.raises(nv.ImplementationUnavailableError, match="implementation='mosaic_tpu' cannot quantize") as e:
+      nv.quantize_values(x, implementation="mosaic_tpu", **kw)
+    assert reason in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+
+def test_block_values_on_a_tpu_are_the_same_products():
+  """``block_values``' TPU form (the data as (K/16, 16, N), the scales broadcast along sublanes) against the
+  repeat form every other platform runs, bit for bit: 16x16 tiles and 1x16 blocks along axis 0, with RHT, on
+  the subnormal input kind; 1x16 blocks along the last axis keep the repeat form."""
+  from maxtext_nvfp4.core.quantizer import tensor  # pylint: disable=import-outside-toplevel
+
+  x = jnp.asarray(input_for("subnormal", "2d"), jnp.bfloat16)  # 64x128, the every-kind tests' (compiled) call
+  for kw in (dict(block_2d=True), dict(axis=0), dict(axis=0, rht=True)):
+    t = nv.quantize(x, implementation="xla", **kw)
+    want = np.asarray(tensor._block_values_repeat(t, jnp.bfloat16), np.float32)  # pylint: disable=protected-access
+    got = np.asarray(tensor._block_values_blocked(t, jnp.bfloat16), np.float32)  # pylint: disable=protected-access
+    assert_bits_equal(got, want, f"block_values {kw}")
+  assert tensor._blocked_view(nv.quantize(x, implementation="xla")) is None  # pylint: disable=protected-access
+  text = jax.jit(lambda t: nv.block_values(t)).trace(nv.quantize(x, block_2d=True)).lower(
+      lowering_platforms=("tpu",)).as_text()
+  # x (64, 128): the data as (4, 16, 128) blocks of rows; no (64, 8, 16) lane-blocked scales (the repeat form's)
+  assert "stablehlo.multiply" in text and "tensor<4x16x128xf32>" in text and "64x8x16" not in text

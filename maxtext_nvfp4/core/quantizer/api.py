@@ -13,9 +13,15 @@ which the argument overrides):
               over the batch. Compiled by Triton on XLA:GPU; on any other platform run by Pallas's
               interpreter (the same bits, slowly: for tests). A call it cannot compute raises
               :class:`ImplementationUnavailableError`.
-    None      (or the variable unset / ``auto``) the kernels where they compute the call on XLA:GPU, the XLA
-              form everywhere else. A call that leaves the kernels logs one line per run and reason (logger
-              ``maxtext_nvfp4``, INFO, process 0) saying why.
+    "mosaic_tpu"  ``pallas_mosaic_tpu.py``: Pallas (Mosaic TPU) kernels laid out on TPU tiles for TE's standard
+              rule -- ``quantize`` and ``quantize_values`` in 1x16 blocks along the last axis, along axis 0 of a 2D
+              operand (with or without RHT) or in 16x16 tiles, round to nearest or stochastic -- and, under one
+              ``vmap``, one kernel over the batch. Compiled by Mosaic on a TPU; elsewhere run by Pallas's
+              interpreter (the same bits: the kernels' arithmetic never meets an fp32 subnormal). A call it
+              cannot compute raises :class:`ImplementationUnavailableError`.
+    None      (or the variable unset / ``auto``) the kernels where they compute the call on their platform (Triton
+              on XLA:GPU, Mosaic on a TPU), the XLA form everywhere else. A call that leaves the kernels logs one
+              line per run and reason (logger ``maxtext_nvfp4``, INFO, process 0) saying why.
 
 Every implementation gives the same bits (``tests/core/test_quantizer_implementations.py``). The platform
 itself is chosen per lowering (``lax.platform_dependent``); the log line names the default device's platform.
@@ -23,6 +29,7 @@ itself is chosen per lowering (``lax.platform_dependent``); the log line names t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -31,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from maxtext_nvfp4.core.quantizer import pallas_triton, xla
+from maxtext_nvfp4.core.quantizer import pallas_mosaic_tpu, pallas_triton, xla
 from maxtext_nvfp4.core.quantizer.formulas import (
     BLOCK,
     E2M1_MAX,
@@ -81,7 +88,7 @@ __all__ = [
     "unpack",
 ]
 
-IMPLEMENTATIONS = ("xla", "triton")
+IMPLEMENTATIONS = ("xla", "triton", "mosaic_tpu")
 IMPLEMENTATION_ENV = "MAXTEXT_NVFP4_QUANTIZER_IMPL"
 _AUTO = "auto"
 
@@ -94,7 +101,7 @@ class ImplementationUnavailableError(ValueError):
 # Which implementation was asked for, and the line when a call leaves the kernels
 # ----------------------------------------------------------------------------------------------
 def _requested(implementation: str | None) -> tuple[str, str]:
-  """``(request, source)``: "auto" | "xla" | "triton", and what asked for it (named in errors)."""
+  """``(request, source)``: "auto" or one of :data:`IMPLEMENTATIONS`, and what asked for it (named in errors)."""
   if implementation is None:
     env = os.environ.get(IMPLEMENTATION_ENV, "").strip()
     if env in ("", _AUTO):
@@ -109,22 +116,30 @@ def _requested(implementation: str | None) -> tuple[str, str]:
 
 _log = logging.getLogger("maxtext_nvfp4")
 _lock = threading.Lock()
-_logged: set[str] = set()
+_logged: set[tuple[str, str]] = set()
 
 
-def _leave_kernels(request: str, source: str, reason: str) -> None:
-  """A call the kernels do not take: forced to them, a one-line error; automatic, one log line per run and
-  reason (process 0)."""
-  if request == "triton":
+# Each kernel implementation: the platform whose compiler builds it (``lax.platform_dependent``'s name), the
+# default-device platforms that name, and how the log line calls it.
+_KERNELS = {
+    "triton": ("cuda", ("gpu", "cuda"), "the Pallas Triton kernels"),
+    "mosaic_tpu": ("tpu", ("tpu",), "the Pallas Mosaic TPU kernels"),
+}
+
+
+def _leave_kernels(request: str, source: str, reason: str, impl: str = "triton") -> None:
+  """A call the kernels of ``impl`` do not take: forced to them (``request`` names them), a one-line error;
+  automatic, one log line per run and reason (process 0)."""
+  if request in _KERNELS:
     fix = "unset it or set it to auto" if source.startswith(IMPLEMENTATION_ENV) else "use None (automatic) or 'xla'"
     raise ImplementationUnavailableError(f"{source} cannot quantize this call: {reason}; {fix}")
   with _lock:
-    if reason in _logged:
+    if (impl, reason) in _logged:
       return
-    _logged.add(reason)
+    _logged.add((impl, reason))
   if jax.process_index() == 0:
-    _log.info("NVFP4 quantizer: the XLA form, not the Pallas Triton kernels, for %s (%s=xla or =triton chooses)",
-              reason, IMPLEMENTATION_ENV)
+    _log.info("NVFP4 quantizer: the XLA form, not %s, for %s (%s=xla or =%s chooses)", _KERNELS[impl][2], reason,
+              IMPLEMENTATION_ENV, impl)
 
 
 def _default_platform() -> str:
@@ -138,34 +153,48 @@ def _default_platform() -> str:
 # ----------------------------------------------------------------------------------------------
 # The dispatch
 # ----------------------------------------------------------------------------------------------
-def _dispatch(request: str, source: str, x, stochastic_key, plan, kernel, xla_form):
-  """The implementation of one call: ``xla_form(x)`` (the key closed over) or ``kernel(x, *key, **kw)`` (``kw``:
-  batched, key_batched, flush_to_zero_safe, interpret) for ``plan = (layout, refusal)`` of ``pallas_triton``.
+def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_form):
+  """The implementation of one call: ``xla_form(x)`` (the key closed over) or a kernel implementation's
+  ``kernel(x, *key, **kw)`` (``kw``: batched, key_batched, interpret and, for "triton", flush_to_zero_safe).
+  ``forms``: {implementation: ((layout, refusal), kernel)} of ``pallas_triton`` and ``pallas_mosaic_tpu``.
 
-  Automatic: ``lax.platform_dependent`` between the kernels (XLA:GPU) and the XLA form; forced "triton": the
-  kernels, compiled on XLA:GPU and interpreted elsewhere; forced "xla": the XLA form.
+  Automatic: ``lax.platform_dependent`` between each kernel implementation on its platform (Triton on XLA:GPU,
+  Mosaic on a TPU) and the XLA form; forced to kernels: those kernels, compiled on their platform and
+  interpreted elsewhere; forced "xla": the XLA form.
   """
-  layout, refusal = plan
   if request == "xla":
     return xla_form(x)
-  if layout is None:
-    _leave_kernels(request, source, refusal)
-    return xla_form(x)
   keys = () if stochastic_key is None else (stochastic_key,)
-  if request == "triton":
-    interpreted = lambda x, *k, **kw: kernel(x, *k, interpret=True, flush_to_zero_safe=True, **kw)  # noqa: E731
-    return lax.platform_dependent(
-        x, cuda=lambda x: _kernel_unless_vmapped(kernel, None, x, *keys, source=source),
-        default=lambda x: _kernel_unless_vmapped(interpreted, None, x, *keys, source=source))
+  if request in forms:
+    (layout, refusal), kernel = forms[request]
+    if layout is None:
+      _leave_kernels(request, source, refusal, request)
+    interpret_kw = dict(interpret=True, flush_to_zero_safe=True) if request == "triton" else dict(interpret=True)
+    interpreted = lambda x, *k, **kw: kernel(x, *k, **interpret_kw, **kw)  # noqa: E731
+    run = lambda fn: lambda x: _kernel_unless_vmapped(fn, None, x, *keys, source=source, impl=request)  # noqa: E731
+    return lax.platform_dependent(x, **{_KERNELS[request][0]: run(kernel)}, default=run(interpreted))
   platform = _default_platform()
-  kernel_platform = platform in ("gpu", "cuda")
-  if not kernel_platform:
-    _leave_kernels(request, source, f"every call: the default device is {platform}, and the kernels run on XLA:GPU")
-  return lax.platform_dependent(
-      x, cuda=lambda x: _kernel_unless_vmapped(kernel, xla_form, x, *keys, log=kernel_platform), default=xla_form)
+  # the implementation whose platform the default device is (its log lines); Triton's names every other platform
+  home = next((impl for impl, (_, names, _) in _KERNELS.items() if platform in names), None)
+  branches = {}
+  for impl, ((layout, refusal), kernel) in forms.items():
+    logs = impl == (home or "triton")
+    if layout is None:
+      if logs:
+        _leave_kernels(request, source, refusal, impl)
+      continue
+    if logs and home is None:
+      _leave_kernels(request, source, f"every call: the default device is {platform}, and the kernels run on XLA:GPU"
+                     " or a TPU", impl)
+    branches[_KERNELS[impl][0]] = functools.partial(_auto_kernel, kernel, xla_form, keys, impl, logs and home)
+  return lax.platform_dependent(x, **branches, default=xla_form)
 
 
-def _kernel_unless_vmapped(kernel, xla_form, *args, source: str = "", log: bool = True):
+def _auto_kernel(kernel, xla_form, keys, impl, log, x):
+  return _kernel_unless_vmapped(kernel, xla_form, x, *keys, log=bool(log), impl=impl)
+
+
+def _kernel_unless_vmapped(kernel, xla_form, *args, source: str = "", log: bool = True, impl: str = "triton"):
   """``kernel(x, *key)``; under one ``vmap`` of x (batched GEMMs: MoE experts) ``kernel(..., batched=True)``,
   one amax and one SR key per slice, as ``vmap(xla_form)`` has them. Under a second ``vmap`` (per-block amaxes:
   TE's amax scope), a ``vmap`` of the key alone, or a batch whose type carries a sharding: ``xla_form`` vmapped
@@ -173,9 +202,9 @@ def _kernel_unless_vmapped(kernel, xla_form, *args, source: str = "", log: bool 
 
   def leave(reason):
     if xla_form is None:
-      _leave_kernels("triton", source, reason)
+      _leave_kernels(impl, source, reason, impl)
     elif log:
-      _leave_kernels(_AUTO, "", reason)
+      _leave_kernels(_AUTO, "", reason, impl)
 
   def rule(in_batched, x, *key):
     vxla = None if xla_form is None else _vmapped(xla_form, in_batched)
@@ -221,17 +250,31 @@ def _with_vmap_rule(fn, rule, *args):
 def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule, request, source):
   """The traced body of :func:`quantize` (arguments validated; ``axis_n`` non-negative or None)."""
   xla_form = lambda x, key=stochastic_key: xla.quantize(x, key, axis_n, block_2d, rht, rule)  # noqa: E731
-  plan = pallas_triton.codes_layout(x, axis_n, block_2d, rht, rule, stochastic_key is not None)
-  kernel = lambda x, **kw: pallas_triton.quantize(x, plan[0], **kw)  # noqa: E731
-  return _dispatch(request, source, x, None, plan, kernel, xla_form)
+  sr = stochastic_key is not None
+  triton_plan = pallas_triton.codes_layout(x, axis_n, block_2d, rht, rule, sr)
+  tpu_plan = pallas_mosaic_tpu.codes_layout(x, axis_n, block_2d, rht, rule, sr)
+  forms = {
+      # Triton's codes kernels round to nearest: no key
+      "triton": (triton_plan, lambda x, **kw: pallas_triton.quantize(x, triton_plan[0], **kw)),
+      "mosaic_tpu": (tpu_plan, lambda x, *key, **kw: pallas_mosaic_tpu.quantize(x, tpu_plan[0], *key, **kw)),
+  }
+  if sr:  # the TPU kernels take the key (the Triton plan refused this call)
+    return _dispatch(request, source, x, stochastic_key, forms, xla_form)
+  return _dispatch(request, source, x, None, forms, xla_form)
 
 
 def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule, request, source):
   """The traced body of :func:`quantize_values`."""
   xla_form = lambda x, key=stochastic_key: xla.quantize_values(x, key, axis_n, block_2d, rht, dtype, rule)  # noqa: E731
-  plan = pallas_triton.values_layout(x, axis_n, block_2d, rht, rule)
-  kernel = lambda x, *key, **kw: pallas_triton.quantize_values(x, dtype, plan[0], *key, **kw)  # noqa: E731
-  return _dispatch(request, source, x, stochastic_key, plan, kernel, xla_form)
+  triton_plan = pallas_triton.values_layout(x, axis_n, block_2d, rht, rule)
+  tpu_plan = pallas_mosaic_tpu.values_layout(x, axis_n, block_2d, rht, rule)
+  forms = {
+      "triton": (triton_plan,
+                 lambda x, *key, **kw: pallas_triton.quantize_values(x, dtype, triton_plan[0], *key, **kw)),
+      "mosaic_tpu": (tpu_plan,
+                     lambda x, *key, **kw: pallas_mosaic_tpu.quantize_values(x, dtype, tpu_plan[0], *key, **kw)),
+  }
+  return _dispatch(request, source, x, stochastic_key, forms, xla_form)
 
 
 # One compiled program per (shape, dtype, mode): eager op-by-op dispatch of the ~100 small ops of the quantizer
@@ -292,7 +335,7 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
     scale_rule: how the scales are chosen (:class:`ScaleRule`; None: :data:`STANDARD_RULE`, TE's standard
       rule). With 16x16 tiles and 4over6, ``axis`` is the axis along which each tile row's error is summed (TE's
       rowwise copy of a matrix: the last axis; its columnwise copy: axis 0).
-    implementation: "xla", "triton", or None (automatic; the module docstring).
+    implementation: "xla", "triton", "mosaic_tpu", or None (automatic; the module docstring).
 
   Raises:
     TypeError: non-floating input.

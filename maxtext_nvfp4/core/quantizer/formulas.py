@@ -205,6 +205,30 @@ def mul_exact(a, b_normal):
   return jnp.where(k == 0, prod, prod * _pow2(-126))
 
 
+def scale_product_normal(a, c):
+  """``fl(a * c)`` for a non-negative fp32 ``a`` (subnormal, NaN or Inf included) and a normal ``c > 0`` (or NaN)
+  wherever it is at least 2**-126, and 0 where it is below 2**-125 (a block scale's ``fl(bamax * c)``: E4M3
+  rounds anything below 2**-10 to 0). No operand or result of its fp32 arithmetic is subnormal, so it gives the
+  same bits with and without flush-to-zero (:func:`mul_exact` reads a subnormal ``a`` exactly but may make a
+  subnormal product)::
+
+      a normal:      a * c                  computed where ea + ec >= 128 (then >= 2**-126), else 0
+      a = M 2**-149: fl(m * c) * 2**-126    m = M * 2**-23 (normal); computed where em + ec >= 254
+                                            (then fl(m * c) >= 1 and the result >= 2**-126), else 0
+
+  (``ea``, ``em``, ``ec``: biased exponent fields, so ``a < 2**(ea - 126)``.)
+  """
+  ab = _bits(a)
+  ea = ((ab >> 23) & 0xFF).astype(jnp.int32)
+  ec = ((_bits(c) >> 23) & 0xFF).astype(jnp.int32)
+  is_sub = ea == 0  # subnormal or zero
+  m = (ab & _F32_MANT_MASK).astype(jnp.int32).astype(jnp.float32) * np.float32(2.0**-23)
+  em = ((_bits(m) >> 23) & 0xFF).astype(jnp.int32)
+  sub = jnp.where(is_sub & (em + ec >= 254), m, np.float32(0.0)) * c * np.float32(2.0**-126)
+  normal = jnp.where(~is_sub & (ea + ec >= 128), a, np.float32(0.0)) * c
+  return jnp.where(is_sub, sub, normal)
+
+
 def recip_normal(s):
   """Correctly rounded ``fl(1 / s)`` for a positive normal fp32 ``s`` (or NaN: NaN), subnormal results included:
   ``s``'s significand and exponent straight from its bits into :func:`formats.divide_significands`."""
@@ -232,8 +256,9 @@ def global_scales(amax, bound: int = E4M3_MAX):
   # with the clamped one XLA:CPU fuses the chain into more of its consumers.
   q, r, k = formats.divide_significands(ma, jnp.maximum(mb, 1))
   s_enc = _from_bits(formats.quotient_bits(q, r, mb, ea - eb - k + 23, subnormals=False, saturate=True))
-  s_enc = jnp.where(amax_is_zero | jnp.isinf(amax), np.float32(1.0), s_enc)  # 6B / inf = 0: 1 as well
-  s_enc = jnp.where(jnp.isnan(amax), amax, s_enc)  # NaN input poisons every scale (documented)
+  # the Inf and NaN tests from the bits: a float compare would read a subnormal amax (flush-to-zero backends)
+  s_enc = jnp.where(amax_is_zero | formats.is_inf_bits(amax), np.float32(1.0), s_enc)  # 6B / inf = 0: 1 as well
+  s_enc = jnp.where(formats.is_nan_bits(amax), amax, s_enc)  # NaN input poisons every scale (documented)
   return s_enc, recip_normal(s_enc)  # S_enc is a positive normal number here (or NaN)
 
 
@@ -312,6 +337,29 @@ def abs_times_enc_flush_to_zero_safe(b, enc):
   enc_lo = jnp.where(enc_bits >= np.uint32(150 << 23), _from_bits(enc_bits - np.uint32(149 << 23)), np.float32(0))
   enc_lo = jnp.where(jnp.isnan(enc), enc, enc_lo)
   return jnp.where(is_sub, ab.astype(jnp.int32).astype(jnp.float32) * enc_lo, _from_bits(ab) * enc)
+
+
+def abs_times_enc_normal(b, enc):
+  """``fl(|x| * enc)`` from x's bits ``b`` wherever the product is at least 2**-126, and 0 where it is below
+  2**-125 (an E2M1 code of 0 either way, round to nearest or stochastic), for ``enc`` a positive normal number,
+  FLT_MAX or NaN. No operand or result of its fp32 arithmetic is subnormal: the same bits with and without
+  flush-to-zero (a TPU's arithmetic; :func:`abs_times_enc_flush_to_zero_safe` makes subnormal products that
+  flush-to-zero may keep or drop, with the same code)::
+
+      x normal:      |x| * enc              computed where ex + ee >= 128, else 0 (biased exponent fields)
+      x = M 2**-149: M * fl(enc * 2**-149)  the scaled enc from the bits, normal when enc >= 2**23; a smaller
+                                            enc makes the product < 2**-103: 0
+  """
+  ab = b & np.uint32(_F32_ABS_MASK)
+  ex = (ab >> 23).astype(jnp.int32)
+  is_sub = ex == 0  # zero or subnormal x
+  enc_bits = _bits(enc)
+  ee = ((enc_bits >> 23) & np.uint32(0xFF)).astype(jnp.int32)
+  normal = jnp.where(~is_sub & (ex + ee >= 128), _from_bits(ab), np.float32(0.0)) * enc
+  enc_lo = jnp.where(enc_bits >= np.uint32(150 << 23), _from_bits(enc_bits - np.uint32(149 << 23)), np.float32(0))
+  enc_lo = jnp.where(formats.is_nan_bits(enc), enc, enc_lo)
+  sub = jnp.where(is_sub, ab, np.uint32(0)).astype(jnp.int32).astype(jnp.float32) * enc_lo
+  return jnp.where(is_sub, sub, normal)
 
 
 def abs_times_enc_ieee(b, enc):

@@ -55,7 +55,7 @@ TINY = 2.0**-60
 _UP = 64
 
 
-def _rht_entry(r: int, c):
+def rht_entry(r: int, c):
   """``rht_matrix()[r, c]``: a literal for a Python int ``c``; for a traced int32 ``c`` (a kernel's loop index)
   from its bits, ``s_r * (-1)**popcount(r & c) / 4``."""
   if isinstance(c, int):
@@ -69,7 +69,7 @@ def rht16_column(rows, c):
   rht_matrix()``: column ``c`` of the RHT of 16 fp32 arrays of one shape (a group's 16 elements, elementwise),
   the sums left to right: the Triton kernels' RHT. Equal to :func:`rht16` wherever the result does not depend
   on the order of the sums (the RHT's contract)."""
-  return sum((x * _rht_entry(r, c) for r, x in enumerate(rows[1:], 1)), rows[0] * _rht_entry(0, c))
+  return sum((x * rht_entry(r, c) for r, x in enumerate(rows[1:], 1)), rows[0] * rht_entry(0, c))
 
 
 def rht16(xb, axis):
@@ -103,6 +103,35 @@ def upscale_flush_to_zero_safe(xb, tiny):
 def upscale_ieee(xb, tiny):
   """The same where fp32 arithmetic keeps subnormals (XLA:GPU: ``xla_gpu_ftz`` is off by default)."""
   return xb * jnp.where(tiny, _pow2(_UP), np.float32(1.0))
+
+
+# The subnormal-free form (the Mosaic TPU kernels): every group whose max |x| is below 2**59 is transformed at
+# 2**64 scale, so no operand, product or partial sum of its fp32 transform is subnormal (its elements are
+# multiples of 2**-85 there, its sums below 2**125) and its bits are IEEE arithmetic's, with or without
+# flush-to-zero. A group at or above 2**59 keeps its scale, with its elements below 2**-124 (whose products
+# x * ±0.25 would be subnormal) as ±0: what flush-to-zero makes of them.
+SCALED_BELOW = 2.0**59
+_TERM_NORMAL = int(np.float32(2.0**-124).view(np.int32))
+
+
+def upscale_normal(x, scaled, ab):
+  """``x * 2**64`` in the ``scaled`` groups (exact), ``x`` elsewhere with ``|x| < 2**-124`` as ±0; ``ab``: |x|'s
+  bits (int32). No fp32 operation here reads or makes a subnormal number."""
+  m, k = split_subnormal(x)  # x == m * 2**k, m normal or zero
+  up = m * _pow2(jnp.where(k == 0, _UP, _UP - 126))
+  kept = jnp.where(ab < _TERM_NORMAL, _from_bits(_bits(x) & np.uint32(0x80000000)), x)
+  return jnp.where(scaled, up, kept)
+
+
+def round_back_normal(y, scaled, rint=jnp.round):
+  """:func:`round_back` of sums ``y`` (the ``scaled`` groups at 2**64), with no subnormal operand or result in its
+  fp32 arithmetic (the results below 2**-126 are composed from bits only)."""
+  y_norm = round_to_bf16(y)
+  is_sub = scaled & (jnp.abs(y) < np.float32(2.0 ** (-126 + _UP)))
+  y_norm = jnp.where(scaled, jnp.where(is_sub, np.float32(0.0), y_norm) * np.float32(2.0**-_UP), y_norm)
+  n_sub = rint(jnp.where(is_sub, jnp.abs(y), np.float32(0.0)) * np.float32(2.0 ** (133 - _UP))).astype(jnp.uint32)
+  y_sub = _from_bits((n_sub << 16) | (jnp.signbit(y).astype(jnp.uint32) << 31))
+  return jnp.where(is_sub, y_sub, y_norm)
 
 
 def _rht_exact(xb, g, tiny):

@@ -34,7 +34,8 @@ from jax import lax
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from maxtext_nvfp4.core import formats, prng
+from maxtext_nvfp4.core import formats
+from maxtext_nvfp4.core.quantizer import random_bits
 from maxtext_nvfp4.core.quantizer import triton_kernels as kernels
 from maxtext_nvfp4.core.quantizer.formulas import BLOCK as _BLOCK
 from maxtext_nvfp4.core.quantizer.formulas import E4M3_MAX, STANDARD_RULE, ScaleRule
@@ -53,7 +54,7 @@ def explicitly_sharded(x) -> bool:
   return any(p is not None for p in getattr(getattr(jax.typeof(x), "sharding", None), "spec", ()) or ())
 
 
-def _operand_refusal(x, rule: ScaleRule) -> str | None:
+def operand_refusal(x, rule: ScaleRule) -> str | None:
   """Why no kernel takes this operand at all (None: every kernel could): TE's standard rule, a non-empty bf16
   or fp32 operand whose type carries no sharding."""
   if rule != STANDARD_RULE:
@@ -73,7 +74,7 @@ def values_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule) -> tupl
   (:data:`COLS_RHT`) -- else ``(None, why not)``: the XLA form."""
   if block_2d:
     return None, "quantize_values in 16x16 tiles (the tile kernel writes quantize's codes)"
-  refusal = _operand_refusal(x, rule)
+  refusal = operand_refusal(x, rule)
   if refusal:
     return None, refusal
   if not rht:
@@ -92,7 +93,7 @@ def codes_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule,
   """``(layout, None)`` for the kernel layout that computes this ``quantize`` call in TE's byte layout -- RHT
   along axis 0 of a 2D operand whose columns are a multiple of 4 (:data:`COLS_RHT`), or 16x16 tiles of a 2D
   operand (:data:`TILES_2D`: W), round to nearest -- else ``(None, why not)``: the XLA form."""
-  refusal = _operand_refusal(x, rule)
+  refusal = operand_refusal(x, rule)
   if refusal:
     return None, refusal
   if stochastic:
@@ -273,21 +274,7 @@ def _partitioned_rht_amax(safe: bool, interpret: bool):
   return call
 
 
-def _seeds(stochastic_key, batch: int, key_batched: bool):
-  """(seeds (batch, 2 + F) uint32, threefry) for SR's two key words of each slice (of each slice's key, or of
-  the one key for every slice), ``jax.random.bits(key, (2,), uint32)`` as ``random_bits.random_bytes`` draws them:
-  for a Threefry key (or ``prng.FoldedKey``) its two key words and its F fold data, the kernel computing the
-  folds and the bits (``threefry``: jax's partitionable flag); for another PRNG the bits themselves (F = 0,
-  ``threefry`` None). Zeros for RNE."""
-  if stochastic_key is None:
-    return jnp.zeros((batch, 2), jnp.uint32), None
-  if prng.is_threefry(stochastic_key):
-    words, data = prng.split_chain(stochastic_key)
-    seeds, threefry = jnp.concatenate([words, data], axis=-1), bool(jax.config.jax_threefry_partitionable)
-  else:
-    bits = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
-    seeds, threefry = (jax.vmap(bits) if key_batched else bits)(prng.resolve(stochastic_key)), None
-  return (seeds if key_batched else jnp.broadcast_to(seeds, (batch,) + seeds.shape)), threefry
+_seeds = random_bits.kernel_seeds
 
 
 # ----------------------------------------------------------------------------------------------

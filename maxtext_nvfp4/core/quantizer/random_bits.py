@@ -12,6 +12,10 @@ reproduced. The bytes are uniform and, for practical purposes, independent acros
 (``tests/core/test_numerics.py`` checks histograms and correlations). The hash is about 12 integer ops per
 word against ~100 and a loop for a Threefry word (``jax.random.bits``); the position comes from iotas over
 the tensor's own shape, so a sharded tensor computes its bits shard-locally.
+
+The kernels (Pallas Triton and Mosaic TPU) draw the same bytes from scalars: :func:`kernel_seeds` hands them a
+Threefry key's words and its deferred ``fold_in`` data, :func:`key_words` applies jax's own rounds to them
+(:func:`threefry2x32`, :func:`threefry_bits2`) and :func:`fraction` gives an element's ``u`` from its position.
 """
 
 from __future__ import annotations
@@ -72,3 +76,79 @@ def word_index(ishape, wshape, last_div):
     idx = idx + i * np.uint32(stride % 2**32)
     stride *= wshape[d]
   return idx
+
+
+# ----------------------------------------------------------------------------------------------
+# The same bytes in a kernel: the key's words, jax's Threefry rounds, an element's fraction
+# ----------------------------------------------------------------------------------------------
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry2x32(k1, k2, x1, x2):
+  """jax's Threefry-2x32 hash of the counter words (x1, x2) under the key words (k1, k2), uint32 (the 20
+  rounds of ``jax._src.random.threefry2x32``'s unrolled lowering)."""
+  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
+  x1, x2 = x1 + ks[0], x2 + ks[1]
+  for i in range(5):
+    for r in _THREEFRY_ROTATIONS[i % 2]:
+      x1 = x1 + x2
+      x2 = x1 ^ ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r)))
+    x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x1, x2
+
+
+def threefry_bits2(k1, k2, partitionable: bool):
+  """``jax.random.bits(key, (2,), uint32)`` of a Threefry key with words (k1, k2), from scalars (a kernel
+  computes it; XLA:GPU spends seconds compiling each of jax's): with ``jax_threefry_partitionable`` each
+  word is ``y1 ^ y2`` of the counter (0, i), without it the two words of the counter (0, 1)."""
+  zero = np.uint32(0)
+  if partitionable:
+    (a1, a2), (b1, b2) = threefry2x32(k1, k2, zero, zero), threefry2x32(k1, k2, zero, np.uint32(1))
+    return a1 ^ a2, b1 ^ b2
+  return threefry2x32(k1, k2, zero, np.uint32(1))
+
+
+def key_words(seed, threefry: bool | None, folds: int):
+  """SR's two key words (k0, k1) from ``seed(i)``, the i-th uint32 of (key word 0, key word 1, fold data 0 ..
+  ``folds - 1``) (:func:`kernel_seeds`): the Threefry key's words, each fold ``(w0, w1) = threefry2x32((w0,
+  w1), (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`threefry_bits2` (``threefry``: the
+  partitionable flag); or (``threefry`` None, no folds) the two words themselves."""
+  k0, k1 = seed(0), seed(1)
+  for i in range(folds):
+    k0, k1 = threefry2x32(k0, k1, np.uint32(0), seed(2 + i))
+  if threefry is not None:
+    k0, k1 = threefry_bits2(k0, k1, threefry)
+  return k0, k1
+
+
+def kernel_seeds(stochastic_key, batch: int, key_batched: bool):
+  """(seeds (batch, 2 + F) uint32, threefry) for SR's two key words of each slice (of each slice's key, or of
+  the one key for every slice), ``jax.random.bits(key, (2,), uint32)`` as :func:`random_bytes` draws them:
+  for a Threefry key (or ``prng.FoldedKey``) its two key words and its F fold data, the kernel computing the
+  folds and the bits (``threefry``: jax's partitionable flag); for another PRNG the bits themselves (F = 0,
+  ``threefry`` None). Zeros for RNE."""
+  if stochastic_key is None:
+    return jnp.zeros((batch, 2), jnp.uint32), None
+  if prng.is_threefry(stochastic_key):
+    words, data = prng.split_chain(stochastic_key)
+    seeds, threefry = jnp.concatenate([words, data], axis=-1), bool(jax.config.jax_threefry_partitionable)
+  else:
+    bits = lambda k: jax.random.bits(k, (2,), jnp.uint32)  # noqa: E731
+    seeds, threefry = (jax.vmap(bits) if key_batched else bits)(prng.resolve(stochastic_key)), None
+  return (seeds if key_batched else jnp.broadcast_to(seeds, (batch,) + seeds.shape)), threefry
+
+
+def fraction(words, t, n, n_total: int):
+  """``u = byte / 256`` of ``random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (uint32, the slice's 2D
+  view): ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N / 4) + n div 4`` (one word per element
+  when N is not a multiple of 4: ``w = t * N + n``, its low byte), uint32 and wrapping like :func:`word_index`;
+  ``words``: (k0, k1) (:func:`key_words`); ``n_total``: N of the whole operand (a tile may be a shard's)."""
+  k0, k1 = words
+  if n_total % 4:
+    h = lowbias32(lowbias32(t * np.uint32(n_total % 2**32) + n + k0) ^ k1)
+    byte = h & np.uint32(0xFF)
+  else:
+    word = t * np.uint32((n_total // 4) % 2**32) + n // np.uint32(4)
+    h = lowbias32(lowbias32(word + k0) ^ k1)
+    byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
+  return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)

@@ -90,8 +90,33 @@ def block_values(t: NVFP4Tensor, dtype=jnp.bfloat16):
   and multiplying the result by ``global_decode_scale(a) * global_decode_scale(b)`` is the Tensor-Core
   NVFP4 GEMM up to accumulation order.
   """
+  if _blocked_view(t) is None:
+    return _block_values_repeat(t, dtype)
+  return lax.platform_dependent(t, tpu=lambda t: _block_values_blocked(t, dtype),
+                                default=lambda t: _block_values_repeat(t, dtype))
+
+
+def _block_values_repeat(t: NVFP4Tensor, dtype):
   v = t.data.astype(jnp.float32) * _expand_scale(t, t.scale.astype(jnp.float32))
   return v.astype(dtype)
+
+
+def _blocked_view(t: NVFP4Tensor):
+  """(K, N) of a 2D tensor whose blocks run along axis 0 (16x16 tiles, or 1x16 along axis 0), else None."""
+  if t.data.ndim != 2 or not (t.block_2d or t.axis == 0) or t.data.shape[0] % BLOCK:
+    return None
+  return t.data.shape
+
+
+def _block_values_blocked(t: NVFP4Tensor, dtype):
+  """:func:`block_values` on a TPU: the data as (K/16, 16, N), each block row's scales broadcast over its 16 rows
+  along the sublanes (a (..., 16) minor dimension would pad to 128 lanes on XLA:TPU), the same products."""
+  k, n = _blocked_view(t)
+  s = t.scale.astype(jnp.float32)
+  if t.block_2d:
+    s = jnp.repeat(s, BLOCK, axis=-1)  # (K/16, N): the lane expansion on 1/16 of the data
+  v = t.data.astype(jnp.float32).reshape(k // BLOCK, BLOCK, n) * s[:, None, :]
+  return v.reshape(k, n).astype(dtype)
 
 
 @jax.jit(static_argnames=("dtype",))

@@ -98,61 +98,24 @@ def _group_positions(k_ref, cols: int):
   return t, n
 
 
-_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
 def abs_bits(v):
   """|v|'s fp32 bits as int32 (their order is |v|'s: maxima by integer max, NaN above every number)."""
   return (formats.bits(v) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
 
 
-def _threefry2x32(k1, k2, x1, x2):
-  """jax's Threefry-2x32 hash of the counter words (x1, x2) under the key words (k1, k2), uint32 (the 20
-  rounds of ``jax._src.random.threefry2x32``'s unrolled lowering)."""
-  ks = (k1, k2, k1 ^ k2 ^ np.uint32(0x1BD11BDA))
-  x1, x2 = x1 + ks[0], x2 + ks[1]
-  for i in range(5):
-    for r in _THREEFRY_ROTATIONS[i % 2]:
-      x1 = x1 + x2
-      x2 = x1 ^ ((x2 << np.uint32(r)) | (x2 >> np.uint32(32 - r)))
-    x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + np.uint32(i + 1)
-  return x1, x2
-
-
-def _threefry_bits2(k1, k2, partitionable: bool):
-  """``jax.random.bits(key, (2,), uint32)`` of a Threefry key with words (k1, k2), from scalars (a kernel
-  computes it; XLA:GPU spends seconds compiling each of jax's): with ``jax_threefry_partitionable`` each
-  word is ``y1 ^ y2`` of the counter (0, i), without it the two words of the counter (0, 1)."""
-  zero = np.uint32(0)
-  if partitionable:
-    (a1, a2), (b1, b2) = _threefry2x32(k1, k2, zero, zero), _threefry2x32(k1, k2, zero, np.uint32(1))
-    return a1 ^ a2, b1 ^ b2
-  return _threefry2x32(k1, k2, zero, np.uint32(1))
+_threefry_bits2 = random_bits.threefry_bits2  # the kernels' Threefry (tests reach it here)
 
 
 def _sr_words(k_ref, threefry: bool | None, folds: int):
-  """SR's two key words (k0, k1) of this shard, from ``k_ref`` = (key word 0, key word 1, fold data 0 ..
-  ``folds - 1``, zeros, first row, first column): the Threefry key's words, each fold ``(w0, w1) =
-  threefry2x32((w0, w1), (0, data))`` (``jax.random.fold_in``), then (k0, k1) by :func:`_threefry_bits2`
-  (``threefry``: the partitionable flag); or (``threefry`` None, no folds) the two words themselves."""
-  k0, k1 = k_ref[0], k_ref[1]
-  for i in range(folds):
-    k0, k1 = _threefry2x32(k0, k1, np.uint32(0), k_ref[2 + i])
-  if threefry is not None:
-    k0, k1 = _threefry_bits2(k0, k1, threefry)
-  return k0, k1
+  """SR's two key words (k0, k1) of this shard (:func:`random_bits.key_words`) from ``k_ref`` = (key word 0,
+  key word 1, fold data 0 .. ``folds - 1``, zeros, first row, first column)."""
+  return random_bits.key_words(lambda i: k_ref[i], threefry, folds)
 
 
 def _sr_fraction(words, t, n, n_total: int):
-  """``u = byte / 256`` of ``random_bits.random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (uint32, the
-  slice's 2D view): the same per-element form, ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N /
-  4) + n div 4`` (uint32, wrapping like ``random_bits.word_index``); ``words``: (k0, k1) (:func:`_sr_words`);
-  ``n_total``: N of the whole operand (the tile may be a shard's)."""
-  k0, k1 = words
-  word = t * np.uint32(n_total // 4) + n // np.uint32(4)
-  h = random_bits.lowbias32(random_bits.lowbias32(word + k0) ^ k1)
-  byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
-  return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
+  """``u`` of ``random_bits.random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (:func:`random_bits.fraction`;
+  the kernels take operands whose N is a multiple of 4)."""
+  return random_bits.fraction(words, t, n, n_total)
 
 
 def _int_max(vs):
