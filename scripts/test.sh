@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (what CI runs): every stage, one summary line at the end.
-#   core    the whole suite on the pinned pair (maxtext 0.2.5 + jax 0.12.0.1, .venv), 2 xdist workers, XLA at -O0
+#   core    the suite on the pinned pair (maxtext 0.2.5 + jax 0.12.0.1, .venv), 2 xdist workers, XLA at -O0, but for:
+#   e2e     the same suite's MaxText end-to-end runs and multi-device / multi-process checks (E2E below), after it
 #   peers   real peers as oracles: TE's NVFP4 reference, ModelOpt, vLLM's decode, transformers (.peers/)
 #   gpu     compile-derived byte and memory pins: XLA:GPU (H200, A100) and XLA:TPU (v5e), compiled on this CPU (.venv-targets)
 #   te      real Transformer Engine JAX compiled for Blackwell on this CPU: the TE backend's wiring (.venv-targets)
@@ -35,7 +36,14 @@ if [ "$#" -gt 0 ]; then
   XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
     --ignore=tests/te "$@"
 fi
-STAGES=${STAGES:-core gpu te resume peers matrix}
+STAGES=${STAGES:-core e2e gpu te resume peers matrix}
+# The e2e stage's files: each trains MaxText models end to end or starts processes with several devices (tens of
+# seconds to minutes per test). The core suite leaves them out, so that it stays a quick loop; they run after it.
+E2E=(tests/integration/test_moe_sparse.py tests/integration/test_reliability_checkpoint.py
+     tests/integration/test_model_families.py tests/integration/test_distributed.py tests/core/test_diagnostics.py
+     tests/core/test_gemm_sharding.py tests/core/test_moe_expert_shards.py tests/core/test_fp4_weight_gather.py
+     tests/tools/test_posttrain.py tests/tools/test_reproduce.py tests/tools/test_patching.py)
+E2E_IGNORE=(); for f in "${E2E[@]}"; do E2E_IGNORE+=("--ignore=$f"); done
 has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
 declare -A rc
@@ -44,7 +52,11 @@ env_of() { case $1 in gpu|te) echo targets ;; *) echo "$1" ;; esac; }
 for s in peers matrix targets; do
   # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
   if has "$s" || { [ "$s" = targets ] && { has gpu || has te; }; }; then
-    ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
+    # The targets build (2.3 GB of wheels, then TE's extension with g++: ~5 CPU-minutes on a first run) is the
+    # longest chain before lane B: at nice 19 it starved behind the core suite and then behind lane A, and lane B
+    # started ~10 min after the core suite (measured 2026-12-05). It runs at normal priority; the others at 19.
+    prio=19; [ "$s" = targets ] && prio=0
+    ( nice -n "$prio" bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
   fi
 done
 stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
@@ -68,6 +80,8 @@ run_stage() {  # run_stage NAME: one stage after the core suite, in a lane besid
            tests/core/test_quantizer_hlo.py::test_cuda_lowering_materializes_only_the_rht_output --junitxml="$logs/gpu.xml" ;;
     te) env_ready te && stage te bash -c 'source scripts/te_env.sh && MAXTEXT_NVFP4_REQUIRE_TE=1 exec .venv-targets/bin/python \
            -m pytest -q -n 0 tests/te --junitxml="$0"' "$logs/te.xml" ;;
+    e2e) stage e2e env XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n 2 --dist loadfile "${E2E[@]}" \
+           --junitxml="$logs/e2e.xml" ;;
     resume) stage resume env MAXTEXT_NVFP4_STUDY_RESUME=1 XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n 0 \
               tests/tools/test_study_resume.py --junitxml="$logs/resume.xml" ;;
     peers) env_ready peers && stage peers env MAXTEXT_NVFP4_REQUIRE_PEERS=1 .venv/bin/python -m pytest -q -n 2 --dist loadfile \
@@ -84,21 +98,22 @@ lane() {  # lane NAME...: the named stages one after another (those STAGES picks
 }
 if has core; then
   stage core env XLA_FLAGS="$O0_XLA_FLAGS" .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
-    --ignore=tests/te --junitxml="$logs/core.xml"
+    --ignore=tests/te "${E2E_IGNORE[@]}" --junitxml="$logs/core.xml"
 fi
-# After the core suite, two lanes side by side. Each stage but peers is one process for most of its time (a compile,
+# After the core suite, two lanes side by side (e2e before peers: the peer environment builds meanwhile). Each
+# stage but peers and e2e is one process for most of its time (a compile,
 # MaxText runs one after another, one pytest worker). Peers, the last to finish, has two workers, one file each:
 # alone on an idle machine 157 s instead of 273-292 s with one; beside lane B no faster (benchmarks/RESULTS.md), but
 # it takes the core that lane B leaves idle when the matrix ends.
-lane resume peers & lane_a=$!
+lane resume e2e peers & lane_a=$!
 lane gpu te matrix & lane_b=$!
 wait "$lane_a" "$lane_b"
-for s in gpu te resume peers matrix; do
+for s in e2e gpu te resume peers matrix; do
   has "$s" || continue
   cat "$logs/$s.out" 2>/dev/null
   rc[$s]=$(cat "$logs/$s.rc" 2>/dev/null || echo 1)
 done
-results=(); for s in core gpu te resume peers matrix; do has "$s" && results+=("$logs/$s.xml"); done
+results=(); for s in core e2e gpu te resume peers matrix; do has "$s" && results+=("$logs/$s.xml"); done
 echo "=== summary"
 .venv/bin/python scripts/junit_summary.py "${results[@]}"
 worst=0
