@@ -40,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 from maxtext_nvfp4.core import formats
 from maxtext_nvfp4.core.formats import E2M1, E4M3
@@ -59,6 +58,14 @@ LAYOUTS = (ROWS, COLS, COLS_RHT, TILES_2D)
 # ----------------------------------------------------------------------------------------------
 # The tile's arithmetic (pure functions of arrays: the kernels load and store around them)
 # ----------------------------------------------------------------------------------------------
+
+def _pltpu():
+  """``jax.experimental.pallas.tpu``, imported on first use: importing it installs absl's flag-reload import hook,
+  which importing the quantizer must not (tests/integration/test_plugin_config.py)."""
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=import-outside-toplevel
+
+  return pltpu
+
 def abs_bits(v):
   """|v|'s fp32 bits as int32 (their order is |v|'s: maxima by integer max, NaN above every number)."""
   return (formats.bits(v) & np.uint32(formats.F32_ABS_MASK)).astype(jnp.int32)
@@ -237,14 +244,14 @@ def quantize_call(amax_bits, seeds, x3, *, layout: str, tile, dtype, codes: bool
     out_specs.append(scale_spec)
   kernel = functools.partial(_kernel, layout=layout, tile=tile, sr=sr, codes=codes, n_total=n_total,
                              threefry=threefry, folds=folds, width=width)
-  grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=[x_spec],
+  grid_spec = _pltpu().PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, in_specs=[x_spec],
                                            out_specs=out_specs if codes else out_specs[0])
   seeds32 = lax.bitcast_convert_type(seeds.astype(jnp.uint32), jnp.int32).reshape(-1)
   return pl.pallas_call(
       kernel,
       out_shape=tuple(out_shape) if codes else out_shape[0],
       grid_spec=grid_spec,
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",) * 3),
+      compiler_params=_pltpu().CompilerParams(dimension_semantics=("parallel",) * 3),
       interpret=interpret,
       name=f"nvfp4_{'codes' if codes else 'values'}_{layout}" + ("_sr" if sr else ""),
   )(amax_bits, seeds32, x3)
@@ -269,7 +276,7 @@ def rht_maxima_call(x3, *, tile, interpret: bool):
       grid=(batch, groups // g, n // tc),
       in_specs=[pl.BlockSpec((None, g, _BLOCK, tc), lambda b, i, j: (b, i, 0, j))],
       out_specs=pl.BlockSpec((None, g, tc), lambda b, i, j: (b, i, j)),
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",) * 3),
+      compiler_params=_pltpu().CompilerParams(dimension_semantics=("parallel",) * 3),
       interpret=interpret,
       name="nvfp4_rht_amax",
   )(x3)
