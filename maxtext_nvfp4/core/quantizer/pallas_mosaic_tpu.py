@@ -182,14 +182,6 @@ def _x3_spec(layout: str, spec, x3_shape, mesh) -> PartitionSpec:
   return PartitionSpec(b, g, None, n)
 
 
-def _shard_start(mesh, axes, local: int):
-  """The first global index of this device's shard along a dim sharded over ``axes`` (a spec entry)."""
-  if axes is None:
-    return jnp.uint32(0)
-  idx = jnp.uint32(0)
-  for a in (axes,) if isinstance(axes, str) else tuple(axes):  # the first axis is the most major
-    idx = idx * np.uint32(mesh.shape[a]) + lax.axis_index(a).astype(jnp.uint32)
-  return idx * np.uint32(local)
 
 
 def _partitioned(layout: str, **kw):
@@ -215,11 +207,11 @@ def _partitioned(layout: str, **kw):
 
     def on_shard(amax_bits, seeds, x3):
       if layout == ROWS:
-        t0 = _shard_start(mesh, spec[1], x3.shape[1])
-        n0 = _shard_start(mesh, spec[2], x3.shape[2])
+        t0 = random_bits.shard_start(mesh, spec[1], x3.shape[1])
+        n0 = random_bits.shard_start(mesh, spec[2], x3.shape[2])
       else:
-        t0 = _shard_start(mesh, spec[1], x3.shape[1] * _BLOCK)
-        n0 = _shard_start(mesh, spec[3], x3.shape[3])
+        t0 = random_bits.shard_start(mesh, spec[1], x3.shape[1] * _BLOCK)
+        n0 = random_bits.shard_start(mesh, spec[3], x3.shape[3])
       width = seeds.shape[1]
       col = lax.broadcasted_iota(jnp.uint32, seeds.shape, 1)
       seeds = seeds + jnp.where(col == width - 2, t0, np.uint32(0)) + jnp.where(col == width - 1, n0, np.uint32(0))

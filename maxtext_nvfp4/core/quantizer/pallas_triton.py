@@ -167,14 +167,6 @@ def _partitioned_codes(safe: bool, interpret: bool):
       "a s, a g h p, a g e h p -> a g e h, a g o h p", ("s", "p", "e"))  # need_replication: in the rule's order
 
 
-def _shard_start(mesh, axes, local: int):
-  """The first global index of this device's shard along a dim sharded over ``axes`` (a spec entry)."""
-  if axes is None:
-    return jnp.uint32(0)
-  idx = jnp.uint32(0)
-  for a in (axes,) if isinstance(axes, str) else tuple(axes):  # the first axis is the most major
-    idx = idx * np.uint32(mesh.shape[a]) + lax.axis_index(a).astype(jnp.uint32)
-  return idx * np.uint32(local)
 
 
 def _x3_spec(layout: str, spec):
@@ -198,7 +190,8 @@ def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: boo
     if sr:
       # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
       (dt, ut), (dn, un) = ((1, 1), (2, _BLOCK)) if layout == ROWS else ((1, _BLOCK), (3, 1))
-      t0, n0 = (_shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit) for d, unit in ((dt, ut), (dn, un)))
+      t0, n0 = (random_bits.shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit)
+                for d, unit in ((dt, ut), (dn, un)))
       width = 1 << (seeds.shape[1] + 1).bit_length()  # a power of two >= 2 + F + 2 (Triton's blocks)
       keys = jnp.pad(seeds, ((0, 0), (0, width - seeds.shape[1])))
       col = lax.broadcasted_iota(jnp.uint32, keys.shape, 1)  # elementwise: XLA fuses it with the seeds' producer

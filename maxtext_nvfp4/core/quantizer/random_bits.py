@@ -152,3 +152,14 @@ def fraction(words, t, n, n_total: int):
     h = lowbias32(lowbias32(word + k0) ^ k1)
     byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
   return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
+
+
+def shard_start(mesh, axes, local: int):
+  """The first global index of this device's shard along a dim sharded over ``axes`` (a spec entry): where the
+  shard's stochastic-rounding positions start, inside a kernel run per shard."""
+  if axes is None:
+    return jnp.uint32(0)
+  idx = jnp.uint32(0)
+  for a in (axes,) if isinstance(axes, str) else tuple(axes):  # the first axis is the most major
+    idx = idx * np.uint32(mesh.shape[a]) + lax.axis_index(a).astype(jnp.uint32)
+  return idx * np.uint32(local)
