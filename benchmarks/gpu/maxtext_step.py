@@ -94,7 +94,8 @@ def _argv(name: str, overrides: list[str] = (), target=None, devices: int = 1) -
   return [None, yml] + [f"{k}={v}" for k, v in keys.items()]
 
 
-def compile_step(name: str, spec: str = "h200", overrides: list[str] = (), devices: int = 1) -> dict:
+def compile_step(name: str, spec: str = "h200", overrides: list[str] = (), devices: int = 1,
+                 hlo_out: str | None = None) -> dict:
   """Compile program ``name`` for the spec's GPU in this process and count it (the module docstring)."""
   import jax  # pylint: disable=import-outside-toplevel
   from flax.core.spmd import logical_axis_rules  # pylint: disable=import-outside-toplevel
@@ -138,6 +139,9 @@ def compile_step(name: str, spec: str = "h200", overrides: list[str] = (), devic
     compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
     t2 = time.perf_counter()
   text = compiled.as_text()
+  if hlo_out:
+    with open(hlo_out, "w", encoding="utf-8") as fh:
+      fh.write(text)
   moved = collectives.collective_bytes(text)
   return dict(program=name, what=PROGRAMS[name][0], overrides=list(overrides), spec=spec, target=target.name,
               devices=mesh.devices.size, mesh={a: int(n) for a, n in mesh.shape.items() if n > 1},
@@ -171,11 +175,13 @@ def main(argv=None) -> int:
   p.add_argument("--json", help="append each row as one JSON line here")
   p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a MaxText key")
   p.add_argument("--devices", type=int, default=1, help="compile-only GPUs (N > 1: FSDP over all of them)")
+  p.add_argument("--hlo-dir", help="write each program's optimized HLO text here (<program>.hlo.txt)")
   p.add_argument("--timeout", type=float, default=3600, help="seconds per program (its process is killed after)")
   p.add_argument("--one", help=argparse.SUPPRESS)  # the child: compile this one program, print its row
   a = p.parse_args(argv)
   if a.one:
-    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set, a.devices)), flush=True)
+    hlo = os.path.join(a.hlo_dir, f"{a.one}.hlo.txt") if a.hlo_dir else None
+    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set, a.devices, hlo)), flush=True)
     return 0
   import deviceless  # pylint: disable=import-outside-toplevel
 
@@ -191,7 +197,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
       r = subprocess.run([sys.executable, os.path.abspath(__file__), "--spec", a.spec, "--one", name,
-                          f"--devices={a.devices}", *(f"--set={kv}" for kv in a.set)],
+                          f"--devices={a.devices}", *(f"--set={kv}" for kv in a.set),
+                          *([f"--hlo-dir={a.hlo_dir}"] if a.hlo_dir else [])],
                          capture_output=True, text=True, timeout=a.timeout, check=False)
       line = [l for l in r.stdout.splitlines() if l.startswith("ROW ")]
       errors = [l for l in r.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception|Exit)\b", l)]

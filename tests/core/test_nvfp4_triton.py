@@ -52,9 +52,16 @@ def _same(a, b):
                                                b.view(np.uint16 if b.dtype.itemsize == 2 else np.uint32))
 
 
-@pytest.mark.parametrize("shape", [(64, 256), (3, 5, 48), (40, 1040), (16,)])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("sr", [False, True])
+def _pairwise(firsts):
+  """Each of ``firsts`` with two of the four (dtype, stochastic rounding) pairs, alternating: every shape meets
+  both dtypes and both roundings, and the four (dtype, rounding) pairs all occur (pairwise coverage at half the
+  cases of the full product; each case is one interpreted kernel compile, seconds on a 2-core host)."""
+  halves = (((jnp.bfloat16, False), (jnp.float32, True)), ((jnp.bfloat16, True), (jnp.float32, False)))
+  return [pytest.param(f, d, sr, id=f"{f}-{jnp.dtype(d).name}-{'sr' if sr else 'rne'}")
+          for i, f in enumerate(firsts) for d, sr in halves[i % 2]]
+
+
+@pytest.mark.parametrize("shape, dtype, sr", _pairwise([(64, 256), (3, 5, 48), (40, 1040), (16,)]))
 def test_kernel_gives_quantize_values_bits(shape, dtype, sr):
   x = _operand(np.random.default_rng(sum(shape)), shape, dtype, specials=shape != (16,))
   key = jax.random.key(11) if sr else None
@@ -79,9 +86,7 @@ def _wgrad_operand(rng, shape, dtype):
   return jnp.asarray(x, dtype)
 
 
-@pytest.mark.parametrize("shape", [(64, 96), (32, 4), (48, 160)])
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-@pytest.mark.parametrize("sr", [False, True])
+@pytest.mark.parametrize("shape, dtype, sr", _pairwise([(64, 96), (32, 4), (48, 160)]))
 def test_rht_kernel_gives_quantize_values_bits(shape, dtype, sr):
   x = _wgrad_operand(np.random.default_rng(sum(shape)), shape, dtype)
   key = jax.random.key(12) if sr else None
@@ -259,9 +264,16 @@ def _jax_chain(key, data):
   return key
 
 
-@pytest.mark.parametrize("layout", [pt.ROWS, pt.COLS_RHT])
-@pytest.mark.parametrize("partitionable", [True, False])
-@pytest.mark.parametrize("data", [[2], [5, 1, 2], [0, 2**32 - 1, 3, 9, 4, 1]], ids=["1 fold", "3 folds", "6 folds"])
+# Pairwise: every chain length with both layouts and both threefry modes, and all four (layout, mode) pairs.
+_FOLD_CASES = [pytest.param(layout, partitionable, data, id=f"{name}-{'rows' if layout == pt.ROWS else 'cols_rht'}-"
+                            f"{'partitionable' if partitionable else 'classic'}")
+               for i, (name, data) in enumerate([("1 fold", [2]), ("3 folds", [5, 1, 2]),
+                                                 ("6 folds", [0, 2**32 - 1, 3, 9, 4, 1])])
+               for layout, partitionable in (((pt.ROWS, True), (pt.COLS_RHT, False)),
+                                             ((pt.ROWS, False), (pt.COLS_RHT, True)))[i % 2]]
+
+
+@pytest.mark.parametrize("layout, partitionable, data", _FOLD_CASES)
 def test_kernel_applies_a_folded_keys_chain_as_jax_fold_in(layout, partitionable, data):
   """A FoldedKey's fold data reach the kernel (the last one traced), which applies them to the key's words: the
   bits of the key jax.random.fold_in derives."""

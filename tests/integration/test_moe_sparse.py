@@ -85,23 +85,46 @@ def _refusal_cli(out):
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # pylint: disable=consider-using-with
 
 
+# The runs, each started on first use (the support-matrix stage selects only some of the tests below): name ->
+# (quantization, the run's keys).
+_RUNS = {
+    "bf16": ("", dict(sparse_matmul=True, **NO_DROP)),
+    "sparse": ("nvfp4", dict(sparse_matmul=True, **EXPERTS_ONLY)),
+    "einsum": ("nvfp4", dict(sparse_matmul=False, **EXPERTS_ONLY)),
+    # layer 0 kept in bf16 (MaxText's kernel); layer 1 nvfp4, every pass bf16 from step 1 on
+    "plan": ("nvfp4", dict(sparse_matmul=True, steps=2, nvfp4_keep_first_layers=1, nvfp4_switch_at_step=1,
+                           nvfp4_switch_scope="all", **EXPERTS_ONLY)),
+}
+
+
+class _LazyRuns(dict):
+  """``runs[name]`` trains run ``name`` of :data:`_RUNS` the first time it is asked for; ``runs["cli"]`` collects
+  the refusal process started with the fixture."""
+
+  def __init__(self, out, cli):
+    super().__init__()
+    self.out, self.cli = out, cli
+
+  def __missing__(self, name):
+    if name == "cli":
+      stdout, stderr = self.cli.communicate(timeout=600)
+      self[name] = {"rc": self.cli.returncode, "stdout": stdout, "stderr": stderr}
+    else:
+      quantization, extra = _RUNS[name]
+      self[name] = _train(self.out, name, quantization, **extra)
+    return self[name]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("sparse"))
-  cli = _refusal_cli(out)
-  r = {
-      "bf16": _train(out, "bf16", "", sparse_matmul=True, **NO_DROP),
-      "sparse": _train(out, "sparse", "nvfp4", sparse_matmul=True, **EXPERTS_ONLY),
-      "einsum": _train(out, "einsum", "nvfp4", sparse_matmul=False, **EXPERTS_ONLY),
-      # layer 0 kept in bf16 (MaxText's kernel); layer 1 nvfp4, every pass bf16 from step 1 on
-      "plan": _train(out, "plan", "nvfp4", sparse_matmul=True, steps=2, nvfp4_keep_first_layers=1,
-                     nvfp4_switch_at_step=1, nvfp4_switch_scope="all", **EXPERTS_ONLY),
-  }
-  stdout, stderr = cli.communicate(timeout=600)
-  r["cli"] = {"rc": cli.returncode, "stdout": stdout, "stderr": stderr}
+  r = _LazyRuns(out, _refusal_cli(out))  # the refusal process runs beside the first training run
+  yield r
+  if r.cli.poll() is None:
+    r.cli.kill()
+    r.cli.communicate()
   print("\nsparse MoE runs (s):", {k: v["seconds"] for k, v in r.items() if "seconds" in v},
         "\nstep losses:", {k: v["losses"] for k, v in r.items() if "losses" in v})
-  return r
 
 
 def test_bf16_sparse_runs_maxtexts_own_grouped_gemm(runs):
