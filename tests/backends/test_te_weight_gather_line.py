@@ -7,6 +7,8 @@ MaxText's repeated quantization builds print it exactly once, only with a weight
 device, and ``nvfp4_fp4_weight_gather=off`` refused with ``nvfp4_backend=te`` and explained under ``auto``.
 """
 
+import types
+
 import pytest
 from maxtext.configs import pyconfig
 
@@ -33,15 +35,27 @@ def _config(**overrides):
   return pyconfig.initialize(tiny_argv(**{"quantization": "nvfp4", **_TE_SIZES, **overrides}))
 
 
-@pytest.mark.parametrize("keys, devices, axes", [
+@pytest.fixture(scope="module")
+def mesh_keys():
+  """The mesh keys of a real MaxText config (its axes, its ICI/DCN lists, its logical axis rules)."""
+  c = _config()
+  return dict(mesh_axes=list(c.mesh_axes), ici_parallelism=list(c.ici_parallelism),
+              dcn_parallelism=list(c.dcn_parallelism), num_slices=c.num_slices, logical_axis_rules=c.logical_axis_rules)
+
+
+@pytest.mark.parametrize("ici, devices, axes", [
     ({}, 4, {"fsdp": 4}),  # ici_fsdp_parallelism=-1: every device on fsdp
-    ({"ici_fsdp_parallelism": 2, "ici_tensor_parallelism": 2}, 4, {"fsdp": 2}),
-    ({"ici_fsdp_parallelism": 2, "ici_fsdp_transpose_parallelism": 2}, 4, {"fsdp": 2, "fsdp_transpose": 2}),
-    ({"ici_fsdp_parallelism": 1, "ici_tensor_parallelism": -1}, 4, {}),  # tensor parallelism is not gathered
-    ({"ici_fsdp_parallelism": 2, "ici_expert_parallelism": 2}, 4, {"fsdp": 2, "expert": 2}),  # dense: FSDP-like
+    ({"fsdp": 2, "tensor": 2}, 4, {"fsdp": 2}),
+    ({"fsdp": 2, "fsdp_transpose": 2}, 4, {"fsdp": 2, "fsdp_transpose": 2}),
+    ({"fsdp": 1, "tensor": -1}, 4, {}),  # tensor parallelism is not gathered
+    ({"fsdp": 2, "expert": 2}, 4, {"fsdp": 2, "expert": 2}),  # a dense kernel's embed dim is sharded on expert too
+    ({}, 1, {}),
 ])
-def test_the_axes_are_those_sharding_both_kernels_and_tokens(keys, devices, axes):
-  assert te_weight_gather.weight_gather_axes(_config(**keys), devices) == axes
+def test_the_axes_are_those_sharding_both_kernels_and_tokens(mesh_keys, ici, devices, axes):
+  keys = {**mesh_keys, "ici_parallelism": list(mesh_keys["ici_parallelism"])}
+  for axis, n in ici.items():
+    keys["ici_parallelism"][keys["mesh_axes"].index(axis)] = n
+  assert te_weight_gather.weight_gather_axes(types.SimpleNamespace(**keys), devices) == axes
 
 
 def _built_twice(monkeypatch, capsys, devices, **keys):
