@@ -69,6 +69,10 @@ def check_te_settings(settings) -> None:
     disable_2d_quantization of the recipe, so TE would silently run the standard recipe. Refused, naming
     the option (``nvfp4_backend=auto`` runs such a recipe emulated instead, see ``capability.choose_backend``).
 
+  * ``nvfp4_fp4_weight_gather=off`` with ``nvfp4_backend=te`` (the key is the emulation's): TE gathers the kernel
+    it quantized and nothing makes it gather bf16 instead; when ``auto`` picks TE, the start-up line of
+    :mod:`maxtext_nvfp4.integration.te_weight_gather` says so instead (the MoE experts, emulated, follow the key).
+
   The late precision switch is mapped (a ``lax.cond`` between TE's NVFP4 ``dense`` and the FP8 / BF16 one,
   :mod:`maxtext_nvfp4.integration.te_quantization`).
   """
@@ -76,6 +80,10 @@ def check_te_settings(settings) -> None:
   if problem:
     raise BackendError(f"nvfp4_backend=te cannot run {problem}; set nvfp4_backend=emulate (or auto, which runs it"
                        " emulated), or drop the option")
+  if settings.fp4_weight_gather == "off" and settings.backend == "te":  # auto: explained at start-up instead
+    raise BackendError("nvfp4_fp4_weight_gather=off cannot run on Transformer Engine: TE all-gathers each NVFP4"
+                       " kernel already quantized (E2M1 + E4M3 scales) and has no bf16 weight gather; drop the key"
+                       " (auto), or set nvfp4_backend=emulate")
   if settings.rht and not settings.two_d_weights:
     raise BackendError(
         "nvfp4_2d_weights=false with nvfp4_rht=true cannot run on Transformer Engine: TE applies RHT to the"

@@ -27,6 +27,7 @@ from maxtext_nvfp4.integration import moe_refusals
 from maxtext_nvfp4.integration import precision_text
 from maxtext_nvfp4.integration import serving_layout
 from maxtext_nvfp4.integration import te_quantization
+from maxtext_nvfp4.integration import te_weight_gather
 from maxtext_nvfp4.integration import touchpoints
 from maxtext_nvfp4.integration.log_once import log_once
 
@@ -46,6 +47,7 @@ def make_quantization(config, quant_mode_str: str = "train"):
   log_once(precision_text.precision_table_text(config, layout))
   if choice.name == "te":
     te_backend.check_te_shapes(config, s, layout=layout)  # nvfp4_backend=te was checked at config time
+    te_weight_gather.announce(config, s, compile_target.device_count(config), moe=bool(layout.moe_layers))
   else:  # the emulation zero-pads what TE refuses: say so once, so the recipe is not taken to Blackwell as is
     refused = te_limits.summary(te_limits.check(config, s, layout=layout))
     if refused:
