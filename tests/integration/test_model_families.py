@@ -1,6 +1,6 @@
 """MaxText model families beyond llama2 in emulated NVFP4: MoE experts, MLA, shared experts (tiny CPU runs).
 
-A representative subset of ``benchmarks/model_families.py`` (its full sweep and results are in the README's
+A representative subset of ``benchmarks/model_families.py`` (its full sweep and results are in docs/usage.md's
 model-support table): a DeepSeek-style model (MLA with the low-rank query, one dense layer, routed +
 shared experts, MaxText's default no-capacity einsum path) trained in bf16 and in nvfp4. Every expert and projection GEMM must go through our quantizer (traced_gemms);
 the router never does. Plus the one-line refusals of the MoE paths we cannot quantize (the grouped-GEMM
