@@ -33,6 +33,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from maxtext_nvfp4.backends.capability import BackendError, te_jax_option_problem
+from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import te_limits
 
@@ -92,7 +93,12 @@ def check_te_shapes(config, settings, *, layout=None) -> None:
   role, pass, dimension, size (per device shard) and the rule of the first refusal, how many more there
   are, and the config keys that set the refused sizes.
   """
-  refs = te_limits.check(config, settings, layout=layout)
+  check_te_gemms(settings, layout or layout_lib.from_config(config, moe_layer_rules={}))
+
+
+def check_te_gemms(settings, layout) -> None:
+  """:func:`check_te_shapes` of a config already read: its settings and its decoder (``ModelLayout``)."""
+  refs = te_limits.refusals_of(settings, layout)
   if refs:
     more = f" (and {len(refs) - 1} more: maxtext-nvfp4 doctor --recipe lists them)" if len(refs) > 1 else ""
     keys = te_limits.fix_keys(refs)

@@ -134,7 +134,7 @@ def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
   try:
     c = capability.choose_backend(s.backend, devices=devices, settings=s)
     out["backend"] = {"name": c.name, "reason": c.reason}
-    if c.name == "te":
+    if c.implementation.stops_at_te_limits:  # TE's recipe: the options it refuses, the toggles it is given
       from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
 
       te_backend.check_te_settings(s)

@@ -38,6 +38,7 @@ import re
 import sys
 
 import maxtext_nvfp4
+from maxtext_nvfp4.core import implementations
 
 _USAGE = ("usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...] | --list | --version\n"
           "  RECIPE: a .yml path or a packaged recipe name (--list); keys: MaxText's and nvfp4_* (docs/usage.md)")
@@ -235,8 +236,9 @@ def cpu_host_error(args: list[str], cfg: dict) -> str | None:
   blockers = []
   if attention:
     blockers.append("attention=cudnn_flash_te needs Transformer Engine on an NVIDIA GPU (set attention=dot_product)")
-  if nvfp4 and str(cfg.get("nvfp4_backend", "auto")) == "te":
-    blockers.append("nvfp4_backend=te needs TE on Blackwell (set nvfp4_backend=emulate)")
+  insisted = implementations.insisted(cfg.get("nvfp4_backend", implementations.AUTO))
+  if nvfp4 and insisted is not None and insisted.min_compute_capability is not None:
+    blockers.append(f"nvfp4_backend={insisted.name} needs TE on Blackwell (set nvfp4_backend=emulate)")
   for w in needs:
     if w.startswith("quantization=") and not w.startswith("quantization=nvfp4"):
       blockers.append(f"{w} needs Transformer Engine on an NVIDIA GPU")
@@ -296,15 +298,16 @@ def moe_error(cfg: dict) -> str | None:
 def te_shapes_error(cfg: dict) -> str | None:
   """With ``nvfp4_backend=te``: the TE backend's one-line refusal of a decoder GEMM shape TE cannot run
   (decided from the keys alone, before any device check), else None."""
-  if str(cfg.get("quantization", "")) != "nvfp4" or str(cfg.get("nvfp4_backend", "auto")) != "te":
+  insisted = implementations.insisted(cfg.get("nvfp4_backend", implementations.AUTO))
+  if str(cfg.get("quantization", "")) != "nvfp4" or insisted is None or not insisted.stops_at_te_limits:
     return None
   from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.integration import model_layout  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import parsed_config  # pylint: disable=import-outside-toplevel
 
   try:
-    te_backend.check_te_shapes(cfg, settings.from_config(cfg), layout=model_layout.layout_of(cfg))
+    run = parsed_config.parse(cfg)
+    te_backend.check_te_gemms(run.settings, run.layout)
   except capability.BackendError as e:
     return str(e)
   return None
