@@ -16,7 +16,7 @@ build it); hardware the recipe needs (with the proxy to use instead).
 
 Conveniences over calling MaxText directly:
 
-* MaxText 0.2.5 installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
+* MaxText installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
   (``site-packages/maxtext/src/maxtext/assets/...``). When the effective config sets no
   ``tokenizer_path`` (command line, recipe chain, ``M_TOKENIZER_PATH``) and no ``model_name`` (whose
   Hugging Face tokenizer MaxText picks itself), we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
@@ -152,7 +152,7 @@ def _accelerator_present() -> bool:
 def with_single_host_cpu_defaults(args: list[str], cfg: dict | None = None) -> list[str]:
   """``skip_jax_distributed_system=true`` for a single process on a host without accelerators.
 
-  With the default ``hardware: tpu`` and checkpointing on, MaxText 0.2.5 calls
+  With the default ``hardware: tpu`` and checkpointing on, MaxText calls
   ``jax.distributed.initialize()`` and fails on a CPU-only host ("coordinator_address should be
   defined"). Not added when the user sets the key, asks for a multi-process hardware mode, or a JAX
   coordinator is configured in the environment.
@@ -250,12 +250,6 @@ def cpu_host_error(args: list[str], cfg: dict) -> str | None:
   return f"{recipe} cannot run on this host (no GPU or TPU): {'; '.join(blockers)}{tail}"
 
 
-# MaxText 0.2.5 configs/types.py: with expert parallelism off these must keep their disabled value
-# ("When EP rank is 1, <flag> must be <value>"), unless override_logical_axis_rules is set.
-EP_ONLY_FLAGS = {"use_ring_of_experts": False, "use_random_routing": False, "use_ragged_sort": False,
-                 "num_moe_emb_chunks": 0}
-
-
 def expert_parallel_error(cfg: dict) -> str | None:
   """One line when an expert-parallel-only MoE flag is on while expert parallelism is 1, else None."""
   if cfg.get("override_logical_axis_rules") or not isinstance(cfg.get("num_experts", 1), int):
@@ -263,7 +257,9 @@ def expert_parallel_error(cfg: dict) -> str | None:
   ep = {k: cfg.get(k, 1) for k in ("ici_expert_parallelism", "dcn_expert_parallelism")}
   if not all(isinstance(v, int) and v >= 1 for v in ep.values()) or math.prod(ep.values()) > 1:
     return None
-  for flag, off in EP_ONLY_FLAGS.items():
+  from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
+
+  for flag, off in touchpoints.adapter().ep_only_flags.items():
     if flag in cfg and cfg[flag] != off and cfg[flag] is not None:
       value = str(cfg[flag]).lower() if isinstance(cfg[flag], bool) else cfg[flag]
       return (f"{flag}={value} works only with expert parallelism, but ici_expert_parallelism="
