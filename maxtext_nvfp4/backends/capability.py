@@ -44,12 +44,14 @@ import importlib.metadata
 import logging
 from typing import Any, Callable, Sequence
 
+from maxtext_nvfp4.core import implementations
 from maxtext_nvfp4.core import recipe_options
 from maxtext_nvfp4.core import settings
 
 BACKENDS = settings.BACKENDS
+EMULATE, TE = implementations.EMULATE, implementations.TE
 # TE JAX's NVFP4 requirement (transformer_engine/jax/quantize/helper.py `_check_fp4_support`).
-MIN_COMPUTE_CAPABILITY = 10.0
+MIN_COMPUTE_CAPABILITY = TE.min_compute_capability
 # First Transformer Engine release with PR #3281's stochastic-rounding fix for compute capability 12.x.
 SR_FIX_TE_VERSION = "2.19.0"
 INSTALL_HINT = "install the te extra: pip install 'maxtext-nvfp4[te]'"
@@ -74,6 +76,11 @@ class BackendChoice:
   name: str
   # One line: the rule that decided, naming the device / TE state that mattered.
   reason: str
+
+  @property
+  def implementation(self) -> implementations.Implementation:
+    """The table's entry for :attr:`name`: what this backend runs, refuses and reports."""
+    return implementations.IMPLEMENTATIONS[self.name]
 
 
 def te_version() -> str | None:
@@ -233,10 +240,12 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
   requested = str(getattr(requested, "value", requested))
   if requested not in BACKENDS:
     raise BackendError(f"nvfp4_backend={requested!r} is not allowed; choose one of: {', '.join(BACKENDS)}")
-  if requested == "emulate":
-    return BackendChoice(name="emulate", reason="nvfp4_backend=emulate requested: exact pure-JAX NVFP4 emulation")
+  insisted = implementations.insisted(requested)
+  if insisted is not None and insisted.min_compute_capability is None:  # runs on any device: nothing to judge
+    return BackendChoice(name=insisted.name, reason=f"nvfp4_backend={insisted.name} requested: {insisted.description}")
+  strict = insisted is not None  # nvfp4_backend=te: where TE cannot run, refuse instead of emulating
   option_problem = te_jax_option_problem(settings) if settings is not None else None
-  if option_problem and requested == "te":
+  if option_problem and strict:
     raise BackendError(f"nvfp4_backend=te cannot run {option_problem}; set nvfp4_backend=emulate (or auto, which"
                        " runs it emulated), or drop the option")
   where, target_label = "every local device is", None
@@ -257,26 +266,26 @@ def choose_backend(requested: str = "auto", *, devices: Sequence[Any] | None = N
   sr_problem = None if (device_problem or te_problem) else sr_zero_problem(devices, version)
   if sr_problem is not None:
     fix = f"pip install 'transformer-engine-jax>={SR_FIX_TE_VERSION}'"
-    if requested == "te":
+    if strict:
       raise BackendError(f"nvfp4_backend=te cannot run: {sr_problem}; {fix}, or set nvfp4_backend=emulate")
-    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {sr_problem}; using the exact emulation ({fix}"
+    return BackendChoice(name=EMULATE.name, reason=f"nvfp4_backend=auto: {sr_problem}; using the exact emulation ({fix}"
                                                 " to use TE)")
   if device_problem is None and te_problem is None and option_problem:
-    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: Transformer Engine {version} could run here,"
+    return BackendChoice(name=EMULATE.name, reason=f"nvfp4_backend=auto: Transformer Engine {version} could run here,"
                                                 f" but not {option_problem}; using the exact emulation")
   if device_problem is None and te_problem is None:
     kinds = sorted({describe_device(d).split(" (", 1)[1].rstrip(")") for d in devices})
     reason = f"{where} a GPU with compute capability >= 10.0 ({'; '.join(kinds)}) and Transformer Engine {version} JAX imports"
-    return BackendChoice(name="te", reason=f"nvfp4_backend={requested}: {reason}")
+    return BackendChoice(name=TE.name, reason=f"nvfp4_backend={requested}: {reason}")
   if te_problem is not None:
-    if requested == "te":
+    if strict:
       raise BackendError(f"nvfp4_backend=te cannot run: {te_problem}; {INSTALL_HINT}, {EMULATE_HINT}")
-    return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {te_problem}; using the exact emulation ({INSTALL_HINT} to use TE)")
-  if requested == "te":
+    return BackendChoice(name=EMULATE.name, reason=f"nvfp4_backend=auto: {te_problem}; using the exact emulation ({INSTALL_HINT} to use TE)")
+  if strict:
     te_note = "" if version is not None else f" (and Transformer Engine is not installed: {INSTALL_HINT})"
     raise BackendError(f"nvfp4_backend=te cannot run: {device_problem}{te_note}; set nvfp4_backend=emulate (or auto) to run the exact emulation here")
   te_note = f"Transformer Engine {version} installed" if version is not None else "Transformer Engine not installed"
-  return BackendChoice(name="emulate", reason=f"nvfp4_backend=auto: {device_problem}; {te_note}; using the exact emulation")
+  return BackendChoice(name=EMULATE.name, reason=f"nvfp4_backend=auto: {device_problem}; {te_note}; using the exact emulation")
 
 
 _announced: set[tuple[str, str]] = set()

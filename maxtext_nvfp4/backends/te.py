@@ -33,6 +33,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from maxtext_nvfp4.backends.capability import BackendError, te_jax_option_problem
+from maxtext_nvfp4.core import implementations
+from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import te_limits
 
@@ -80,7 +82,8 @@ def check_te_settings(settings) -> None:
   if problem:
     raise BackendError(f"nvfp4_backend=te cannot run {problem}; set nvfp4_backend=emulate (or auto, which runs it"
                        " emulated), or drop the option")
-  if settings.fp4_weight_gather == "off" and settings.backend == "te":  # auto: explained at start-up instead
+  insisted = implementations.insisted(settings.backend)  # None under auto: explained at start-up instead
+  if settings.fp4_weight_gather == "off" and insisted is not None and not insisted.fp4_weight_gather_key:
     raise BackendError("nvfp4_fp4_weight_gather=off cannot run on Transformer Engine: TE all-gathers each NVFP4"
                        " kernel already quantized (E2M1 + E4M3 scales) and has no bf16 weight gather; drop the key"
                        " (auto), or set nvfp4_backend=emulate")
@@ -100,7 +103,12 @@ def check_te_shapes(config, settings, *, layout=None) -> None:
   role, pass, dimension, size (per device shard) and the rule of the first refusal, how many more there
   are, and the config keys that set the refused sizes.
   """
-  refs = te_limits.check(config, settings, layout=layout)
+  check_te_gemms(settings, layout or layout_lib.from_config(config, moe_layer_rules={}))
+
+
+def check_te_gemms(settings, layout) -> None:
+  """:func:`check_te_shapes` of a config already read: its settings and its decoder (``ModelLayout``)."""
+  refs = te_limits.refusals_of(settings, layout)
   if refs:
     more = f" (and {len(refs) - 1} more: maxtext-nvfp4 doctor --recipe lists them)" if len(refs) > 1 else ""
     keys = te_limits.fix_keys(refs)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from maxtext_nvfp4.core import implementations
 from maxtext_nvfp4.core import recipe_options
 
-BACKENDS = ("auto", "emulate", "te")
+# nvfp4_backend: auto, then every implementation of the table (core/implementations.py)
+BACKENDS = (implementations.AUTO, *implementations.IMPLEMENTATIONS)
 # The precision of one GEMM pass (fprop, dgrad or wgrad).
 PRECISIONS = ("nvfp4", "bf16", "fp8")
 TARGETS = ("all", "mlp", "attention", "experts")
@@ -108,7 +110,7 @@ class Nvfp4Settings(recipe_options.RecipeOptions):
 # field name -> one-line help (the recipe options' come from their field metadata)
 KEY_HELP: dict[str, str] = {
     **{f.name: f.metadata["help"] for f in recipe_options.option_fields()},
-    "backend": "auto | emulate | te",
+    "backend": " | ".join(BACKENDS),
     "targets": "all | mlp | attention | experts",
     "amax_scope": "te | global",
     "fp4_weight_gather": "auto | off",
@@ -241,12 +243,11 @@ def qat_refusal(s: Nvfp4Settings) -> str | None:
   """
   if s.qat == "full":
     return None
-  if s.backend == "te":  # decided from the keys alone: before any device check
-    what = ("the export's W4A4 forward (1x16 weight blocks, per-token activation scales); TE's kernels compute the"
-            " training recipe's" if s.qat == "serving" else
-            "a high-precision backward (TE PyTorch's backward_override=high_precision), which TE JAX does not implement")
-    return (f"nvfp4_backend=te cannot run nvfp4_qat={s.qat}: {what}; set nvfp4_backend=auto (on Blackwell it runs"
-            f" the mode emulated and says so) or emulate, or nvfp4_qat=full")
+  insisted = implementations.insisted(s.backend)
+  what = insisted.qat_refusals.get(s.qat) if insisted is not None else None
+  if what:  # decided from the keys alone: before any device check
+    return (f"nvfp4_backend={insisted.name} cannot run nvfp4_qat={s.qat}: {what}; set nvfp4_backend=auto (on Blackwell"
+            f" it runs the mode emulated and says so) or emulate, or nvfp4_qat=full")
   if s.qat == "serving" and s.backward_override == "dequantized":
     return ("nvfp4_qat=serving computes dgrad/wgrad in bf16 on the original operands (straight-through);"
             " nvfp4_backward_override=dequantized (on the training recipe's dequantized operands) does not apply to its"

@@ -204,8 +204,11 @@ def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
   it with the MaxText version's MoE layer rules); without it every layer of an MoE config counts as MoE.
   Empty when ``cfg`` does not give the model's dimensions.
   """
-  s = s or settings_lib.from_config(cfg)
-  layout = layout or layout_lib.from_config(cfg, moe_layer_rules={})
+  return gemms_of(s or settings_lib.from_config(cfg), layout or layout_lib.from_config(cfg, moe_layer_rules={}))
+
+
+def gemms_of(s: settings_lib.Nvfp4Settings, layout: layout_lib.ModelLayout) -> list[GemmDims]:
+  """:func:`decoder_gemms` of a config already read: its settings and its decoder."""
   if layout.dims is None:
     return []  # not a model config (e.g. a recipe fragment without base_config): nothing to decide
   roles: list[str] = []
@@ -233,9 +236,12 @@ def decoder_gemms(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
 def check(cfg, s: settings_lib.Nvfp4Settings | None = None, *,
           layout: layout_lib.ModelLayout | None = None) -> list[Refusal]:
   """Every TE refusal of the decoder NVFP4 GEMMs of ``cfg`` (empty: TE runs every one of them)."""
-  s = s or settings_lib.from_config(cfg)
-  return [r for g in decoder_gemms(cfg, s, layout=layout)
-          for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
+  return refusals_of(s or settings_lib.from_config(cfg), layout or layout_lib.from_config(cfg, moe_layer_rules={}))
+
+
+def refusals_of(s: settings_lib.Nvfp4Settings, layout: layout_lib.ModelLayout) -> list[Refusal]:
+  """:func:`check` of a config already read: its settings and its decoder."""
+  return [r for g in gemms_of(s, layout) for r in refusals(g, rht=s.rht, two_d_weights=s.two_d_weights)]
 
 
 def grouped(refs: list[Refusal]) -> list[tuple[Refusal, dict[str, list[str]]]]:

@@ -5,7 +5,7 @@ At trace time (inside MaxText's train step, under ``jax.set_mesh(mesh)`` and fla
 rules (``flax.linen.logical_to_mesh_axes``):
 
   x (B, S, K...)   (<row axes>, <activation axis of each kernel input axis>): the MaxText version's
-                   ``activation_row_axes`` and ``activation_of_kernel_axis`` (in 0.2.5: activation_batch,
+                   ``activation_row_axes`` and ``activation_of_kernel_axis`` (e.g. activation_batch,
                    activation_length; embed -> activation_embed, mlp -> activation_mlp, heads/q_heads ->
                    activation_heads, kv/kv_head_dim -> activation_kv)
   W (K..., N...)   the kernel's own logical axes (``DenseGeneral(kernel_axes=...)``, passed to

@@ -8,6 +8,7 @@ runs per device), and the TE backend's expert GEMMs (TE JAX has no NVFP4 grouped
 
 from __future__ import annotations
 
+from maxtext_nvfp4.core import implementations
 from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import plan as plan_lib
 from maxtext_nvfp4.core import settings as settings_lib
@@ -20,9 +21,19 @@ def check_model(config, s: settings_lib.Nvfp4Settings, backend: str, num_devices
 
   Run at config time (``num_devices=None``: the checks that need the device count are skipped) and again
   when MaxText builds the quantization object (``num_devices``: the devices of the run's mesh, on which the
-  sparse path's amax scope depends).
+  sparse path's amax scope depends). ``backend``: the requested ``nvfp4_backend``; ``layout``: the config's
+  decoder (read here when not given).
   """
-  layout = layout or model_layout.layout_of(config)
+  _check_decoder(config, s, backend, layout or model_layout.layout_of(config), num_devices)
+
+
+def check_parsed(run, num_devices: int | None) -> None:
+  """:func:`check_model` of a config already read (a :class:`~maxtext_nvfp4.integration.parsed_config.ParsedConfig`)."""
+  _check_decoder(run.config, run.settings, run.settings.backend, run.layout, num_devices)
+
+
+def _check_decoder(config, s: settings_lib.Nvfp4Settings, backend: str, layout: layout_lib.ModelLayout,
+                   num_devices: int | None) -> None:
   if not layout.moe_layers:
     return
   experts_planned = plan_lib.is_targeted("expert_wi_0", s.targets) or s.fallback != "bf16"
@@ -39,9 +50,10 @@ def check_model(config, s: settings_lib.Nvfp4Settings, backend: str, num_devices
   why = refusal(config, s, num_devices)
   if why:
     raise settings_lib.SettingsError(why)
-  if backend == "te":
+  insisted = implementations.insisted(backend)
+  if insisted is not None and not insisted.expert_gemms:
     raise settings_lib.SettingsError(
-        "nvfp4_backend=te cannot run the MoE expert GEMMs (TE JAX has no NVFP4 grouped GEMM); set"
+        f"nvfp4_backend={insisted.name} cannot run the MoE expert GEMMs (TE JAX has no NVFP4 grouped GEMM); set"
         " nvfp4_backend=emulate, or nvfp4_targets=attention|mlp with nvfp4_fallback=bf16")
 
 

@@ -9,9 +9,9 @@
   inputs)`` are wrapped (:func:`patch_distill`) to publish ``model.training_step`` -- the student's step counter,
   which MaxText keeps in the ``ModelBundle`` and restores with the checkpoint -- as :func:`step.with_step` does
   for pre-training: the train step as a training step (diagnostics), the eval step as the current step. Without
-  it every step would draw the SR bits of step 0 and the late switch would never fire. MaxText 0.2.5's
-  ``MaxTextCheckpointManager`` calls a Tunix API newer than google-tunix 0.1.7 (PyPI's): :func:`bridge_tunix_v0`
-  provides it from 0.1.7's own checkpoint manager when it is missing.
+  it every step would draw the SR bits of step 0 and the late switch would never fire. MaxText's
+  ``MaxTextCheckpointManager`` calls a Tunix API newer than google-tunix 0.1.7 (PyPI's; the adapter's
+  ``tunix_checkpoint_api``): :func:`bridge_tunix_v0` provides it from 0.1.7's own checkpoint manager when it is missing.
 
 :func:`maxtext_nvfp4.integration.plugin.run_posttrain` runs the trainer's own ``main(argv)``; the modules are the
 adapter's ``posttrain_modules``.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 
+from maxtext_nvfp4.integration import maxtext_versions
 from maxtext_nvfp4.integration import step as step_lib
 from maxtext_nvfp4.integration import touchpoints
 
@@ -36,17 +37,10 @@ def trainer_module(trainer: str) -> str:
   facts = touchpoints.adapter()
   module = facts.posttrain_modules.get(trainer)
   if module is None:
-    verified = "0.2.5"
+    verified = maxtext_versions.trainer_versions(trainer)[-1]
     raise PosttrainUnavailable(f"maxtext-nvfp4 {trainer} runs MaxText {verified}'s {trainer} trainer; the installed"
                                f" MaxText {facts.version} was not verified with it (pip install 'maxtext=={verified}')")
   return module
-
-
-# What MaxText 0.2.5's distillation trainer calls on Tunix's CheckpointManager (distillation_utils.py
-# MaxTextCheckpointManager: save -> self._save_checkpointables, maybe_restore / wait_until_finished / close ->
-# self._checkpointer), which the google-tunix release on PyPI (0.1.7) does not have: it keeps an Orbax
-# CheckpointManager in _checkpoint_manager. patch_distill fills them in from that (:class:`_TunixV0Checkpointer`).
-TUNIX_API = ("_save_checkpointables", "_checkpointer")
 
 
 def check_importable(trainer: str) -> None:
@@ -56,10 +50,10 @@ def check_importable(trainer: str) -> None:
 
   trainer_module(trainer)
   if trainer == "distill" and importlib.util.find_spec("tunix") is None:
+    pins = " ".join(touchpoints.adapter().tunix_pins)
     raise PosttrainUnavailable(
-        "MaxText's distillation trainer runs on Tunix, which is not installed: pip install --no-deps"
-        " google-tunix==0.1.7 google-metrax==0.2.4 clu==0.0.12 perfetto==0.59.1 wrapt==2.5.2 && pip install pandas"
-        " (google-tunix's own dependency list would downgrade transformers; scripts/setup.sh does this)")
+        f"MaxText's distillation trainer runs on Tunix, which is not installed: pip install --no-deps {pins} && pip"
+        " install pandas (google-tunix's own dependency list would downgrade transformers; scripts/setup.sh does this)")
 
 
 class _TunixV0Checkpointer:
@@ -116,12 +110,14 @@ def _stop_at_max_steps(orig):
 
 
 def bridge_tunix_v0(manager_cls, trainer_cls) -> bool:
-  """On a Tunix without the API MaxText 0.2.5's distillation calls (:data:`TUNIX_API`; google-tunix 0.1.7): give
+  """On a Tunix without the API MaxText's distillation calls (the adapter's ``tunix_checkpoint_api``; google-tunix
+  0.1.7): give
   ``MaxTextCheckpointManager`` (``manager_cls``) ``_save_checkpointables`` and ``_checkpointer`` from 0.1.7's own
   manager, and make ``MaxTextDistillationTrainer.train`` (``trainer_cls``) stop at ``steps``. True when bridged;
   MaxText's own methods run unchanged on top."""
   base = manager_cls.__mro__[1]
-  if all(hasattr(base, a) for a in TUNIX_API) or getattr(manager_cls, "_maxtext_nvfp4_bridged", False):
+  api = touchpoints.adapter().tunix_checkpoint_api
+  if all(hasattr(base, a) for a in api) or getattr(manager_cls, "_maxtext_nvfp4_bridged", False):
     return False
   manager_cls._save_checkpointables = _save_checkpointables  # pylint: disable=protected-access
   manager_cls._checkpointer = property(  # pylint: disable=protected-access

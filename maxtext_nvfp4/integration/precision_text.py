@@ -10,8 +10,7 @@ import os
 
 from maxtext_nvfp4.core import layout as layout_lib
 from maxtext_nvfp4.core import plan as plan_lib
-from maxtext_nvfp4.core import settings as settings_lib
-from maxtext_nvfp4.integration import model_layout
+from maxtext_nvfp4.integration import parsed_config
 
 # Set to 1: the per-layer precision table, and the library messages log_filter hides.
 VERBOSE_ENV = "MAXTEXT_NVFP4_VERBOSE"
@@ -34,12 +33,17 @@ def verbose() -> bool:
 
 
 def precision_table_text(config, layout: layout_lib.ModelLayout | None = None, *, per_layer: bool | None = None) -> str:
-  """The precision table of ``config`` (decoder GEMMs, fprop/dgrad/wgrad, before/after the switch).
+  """The precision table of ``config`` (decoder GEMMs, fprop/dgrad/wgrad, before/after the switch); ``layout``:
+  its decoder when the caller already has it.
 
   ``per_layer``: one line per GEMM instead of runs of identical layers (None: :func:`verbose`).
   """
-  s = settings_lib.from_config(config)
-  layout = layout or model_layout.layout_of(config)
+  return parsed_table_text(parsed_config.parse(config, layout=layout), per_layer=per_layer)
+
+
+def parsed_table_text(run: parsed_config.ParsedConfig, *, per_layer: bool | None = None) -> str:
+  """:func:`precision_table_text` of a config already read."""
+  config, s, layout = run.config, run.settings, run.layout
   rows = plan_lib.precision_table(s, num_layers=layout.num_layers, roles=layout.roles, scan_layers=layout.scan_layers)
   switch = s.switch_step(config.steps)
   head = (f"maxtext-nvfp4: decoder GEMM precisions (targets={s.targets}, keep_first={s.keep_first_layers},"

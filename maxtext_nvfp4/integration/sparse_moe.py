@@ -1,6 +1,6 @@
 """MaxText RoutedMoE's grouped-GEMM path (``sparse_matmul=true``) with each expert's GEMM in its planned precision.
 
-What MaxText does there (as read in 0.2.5; the call order is the adapter's ``gmm_call_order``;
+What MaxText does there (as read in its source; the call order is the adapter's ``gmm_call_order``;
 ``layers/moe.py``, ``RoutedMoE.sparse_matmul``): inside one ``jax.shard_map`` over the run's mesh it sorts
 the routed (token, k) copies by expert (``permute``: a stable argsort, so an expert's rows keep token order) and runs the expert linears through a local closure ``gmm(inputs, kernel,
 ...)`` (moe.py:2236) that pads the rows to the tile and calls ``maxtext.kernels.megablox.gmm`` when

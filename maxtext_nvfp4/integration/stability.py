@@ -64,10 +64,15 @@ def configure(config, *, grad_supported: bool) -> Telemetry:
   ``grad_supported``: the GEMMs can run MaxText's plain path in the reference pass (the emulation backend).
   """
   from maxtext_nvfp4.core import settings as settings_lib  # pylint: disable=import-outside-toplevel
+
+  return configure_settings(config, settings_lib.from_config(config), grad_supported=grad_supported)
+
+
+def configure_settings(config, s, *, grad_supported: bool) -> Telemetry:
+  """:func:`configure` with the config's ``nvfp4_*`` settings ``s`` already read (``quantization=nvfp4``)."""
   from maxtext_nvfp4.core import stability as core  # pylint: disable=import-outside-toplevel
 
   global _SETTINGS
-  s = settings_lib.from_config(config)
   if not s.diagnostics:
     _SETTINGS = Telemetry()
     return _SETTINGS

@@ -7,7 +7,7 @@ JAX binding imports, the MaxText version and the state of our MaxText patch seri
 ``nvfp4_*`` settings of that recipe (where each value came from) and the backend it would run on.
 
 The recipe (a path or a packaged name) is found and read by :func:`maxtext_nvfp4.tools.recipes.resolve`,
-the reader ``train`` uses, in MaxText 0.2.5's own order: ``base_config`` beside each file first, then
+the reader ``train`` uses, in MaxText's own order: ``base_config`` beside each file first, then
 MaxText's configs folder; then the ``key=value`` overrides, the ``model_name`` YAML and ``M_*``
 variables. A key no file sets shows its default (our settings' default; MaxText's ``base.yml`` carries
 the ``nvfp4_*`` keys only when the patch series is applied).
@@ -134,7 +134,7 @@ def _recipe_section(recipe: recipes_mod.Recipe, devices) -> dict[str, Any]:
   try:
     c = capability.choose_backend(s.backend, devices=devices, settings=s)
     out["backend"] = {"name": c.name, "reason": c.reason}
-    if c.name == "te":
+    if c.implementation.stops_at_te_limits:  # TE's recipe: the options it refuses, the toggles it is given
       from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
 
       te_backend.check_te_settings(s)

@@ -1,6 +1,6 @@
 """MaxText metrics files (``metrics_file``, JSON lines): the one reader of them (compare, reproduce, studies).
 
-A record is one JSON object per line with a ``step``. MaxText 0.2.5 writes three kinds:
+A record is one JSON object per line with a ``step``. MaxText writes three kinds:
 
 * training record: has ``learning/loss`` (plus ``perf/*``, ``learning/*`` and our ``nvfp4/*``); ``step`` is
   the train step;
@@ -14,7 +14,7 @@ Rules, each applied here and nowhere else:
 * a training step recorded twice (a resumed run appending to its file): the last record wins, counted;
 * a line that is not a JSON object with a numeric ``step``, or a training record whose loss is not a number:
   skipped, counted, first line number kept;
-* truncation: plain MaxText 0.2.5 truncates the file at *every* record with step 0 (``write_metrics_locally``),
+* truncation: plain MaxText truncates the file at *every* record with step 0 (``write_metrics_locally``),
   and eval records carry step 0 (each eval's first running snapshot; the eval after train step 0), so the
   training records written before are lost. Such a file starts with an eval record and its first training
   step N is > 0: a warning says steps before N are missing (a run resumed at N into a fresh file looks the

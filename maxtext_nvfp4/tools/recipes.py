@@ -47,6 +47,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from maxtext_nvfp4.backends.capability import MIN_COMPUTE_CAPABILITY
+from maxtext_nvfp4.core import implementations
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # maxtext_nvfp4/
 # The recipes the wheel carries (in a checkout, a link to the repository's recipes/).
@@ -486,8 +487,9 @@ def requirements(config: Any) -> list[tuple[str, float]]:
   quant = str(_get(config, "quantization", "") or "")
   if quant in _TE_QUANT_CC:
     need.append((f"quantization={quant}", _TE_QUANT_CC[quant]))
-  if quant == "nvfp4" and str(_get(config, "nvfp4_backend", "auto")) == "te":
-    need.append(("quantization=nvfp4 with nvfp4_backend=te", MIN_COMPUTE_CAPABILITY))
+  insisted = implementations.insisted(_get(config, "nvfp4_backend", implementations.AUTO))
+  if quant == "nvfp4" and insisted is not None and insisted.min_compute_capability is not None:
+    need.append((f"quantization=nvfp4 with nvfp4_backend={insisted.name}", insisted.min_compute_capability))
   if str(_get(config, "attention", "")) == "cudnn_flash_te":
     need.append(("attention=cudnn_flash_te", _CUDNN_FLASH_TE_CC))
   return need

@@ -220,7 +220,7 @@ def _stream(label: str, argv: Sequence[str], *, total: int | None, verbose: bool
 def recover_missing_steps(path: Path, logged: dict[int, dict]) -> tuple[Path, int]:
   """Rebuild training records the metrics file lost; returns (file to compare, number of steps rebuilt).
 
-  Plain MaxText 0.2.5 truncates ``metrics_file`` at each eval (:mod:`maxtext_nvfp4.tools.metrics`), so only
+  Plain MaxText truncates ``metrics_file`` at each eval (:mod:`maxtext_nvfp4.tools.metrics`), so only
   the records since the last eval survive. Steps the log showed but the file lacks are rebuilt from the
   ``completed step`` lines (values with 3 decimals, marked ``"source": "log"``) and written with the file's
   training records and end-of-eval summaries, by step, into ``metrics_merged.jsonl`` beside it.

@@ -16,7 +16,7 @@ build it); hardware the recipe needs (with the proxy to use instead).
 
 Conveniences over calling MaxText directly:
 
-* MaxText 0.2.5 installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
+* MaxText installed with pip resolves its default ``tokenizer_path`` to a path that does not exist
   (``site-packages/maxtext/src/maxtext/assets/...``). When the effective config sets no
   ``tokenizer_path`` (command line, recipe chain, ``M_TOKENIZER_PATH``) and no ``model_name`` (whose
   Hugging Face tokenizer MaxText picks itself), we pass ``<maxtext package>/assets/tokenizers/tokenizer.llama2``
@@ -38,6 +38,7 @@ import re
 import sys
 
 import maxtext_nvfp4
+from maxtext_nvfp4.core import implementations
 
 _USAGE = ("usage: python -m maxtext_nvfp4.train [RECIPE] [key=value ...] | --list | --version\n"
           "  RECIPE: a .yml path or a packaged recipe name (--list); keys: MaxText's and nvfp4_* (docs/usage.md)")
@@ -151,7 +152,7 @@ def _accelerator_present() -> bool:
 def with_single_host_cpu_defaults(args: list[str], cfg: dict | None = None) -> list[str]:
   """``skip_jax_distributed_system=true`` for a single process on a host without accelerators.
 
-  With the default ``hardware: tpu`` and checkpointing on, MaxText 0.2.5 calls
+  With the default ``hardware: tpu`` and checkpointing on, MaxText calls
   ``jax.distributed.initialize()`` and fails on a CPU-only host ("coordinator_address should be
   defined"). Not added when the user sets the key, asks for a multi-process hardware mode, or a JAX
   coordinator is configured in the environment.
@@ -235,8 +236,9 @@ def cpu_host_error(args: list[str], cfg: dict) -> str | None:
   blockers = []
   if attention:
     blockers.append("attention=cudnn_flash_te needs Transformer Engine on an NVIDIA GPU (set attention=dot_product)")
-  if nvfp4 and str(cfg.get("nvfp4_backend", "auto")) == "te":
-    blockers.append("nvfp4_backend=te needs TE on Blackwell (set nvfp4_backend=emulate)")
+  insisted = implementations.insisted(cfg.get("nvfp4_backend", implementations.AUTO))
+  if nvfp4 and insisted is not None and insisted.min_compute_capability is not None:
+    blockers.append(f"nvfp4_backend={insisted.name} needs TE on Blackwell (set nvfp4_backend=emulate)")
   for w in needs:
     if w.startswith("quantization=") and not w.startswith("quantization=nvfp4"):
       blockers.append(f"{w} needs Transformer Engine on an NVIDIA GPU")
@@ -248,12 +250,6 @@ def cpu_host_error(args: list[str], cfg: dict) -> str | None:
   return f"{recipe} cannot run on this host (no GPU or TPU): {'; '.join(blockers)}{tail}"
 
 
-# MaxText 0.2.5 configs/types.py: with expert parallelism off these must keep their disabled value
-# ("When EP rank is 1, <flag> must be <value>"), unless override_logical_axis_rules is set.
-EP_ONLY_FLAGS = {"use_ring_of_experts": False, "use_random_routing": False, "use_ragged_sort": False,
-                 "num_moe_emb_chunks": 0}
-
-
 def expert_parallel_error(cfg: dict) -> str | None:
   """One line when an expert-parallel-only MoE flag is on while expert parallelism is 1, else None."""
   if cfg.get("override_logical_axis_rules") or not isinstance(cfg.get("num_experts", 1), int):
@@ -261,7 +257,9 @@ def expert_parallel_error(cfg: dict) -> str | None:
   ep = {k: cfg.get(k, 1) for k in ("ici_expert_parallelism", "dcn_expert_parallelism")}
   if not all(isinstance(v, int) and v >= 1 for v in ep.values()) or math.prod(ep.values()) > 1:
     return None
-  for flag, off in EP_ONLY_FLAGS.items():
+  from maxtext_nvfp4.integration import touchpoints  # pylint: disable=import-outside-toplevel
+
+  for flag, off in touchpoints.adapter().ep_only_flags.items():
     if flag in cfg and cfg[flag] != off and cfg[flag] is not None:
       value = str(cfg[flag]).lower() if isinstance(cfg[flag], bool) else cfg[flag]
       return (f"{flag}={value} works only with expert parallelism, but ici_expert_parallelism="
@@ -296,15 +294,16 @@ def moe_error(cfg: dict) -> str | None:
 def te_shapes_error(cfg: dict) -> str | None:
   """With ``nvfp4_backend=te``: the TE backend's one-line refusal of a decoder GEMM shape TE cannot run
   (decided from the keys alone, before any device check), else None."""
-  if str(cfg.get("quantization", "")) != "nvfp4" or str(cfg.get("nvfp4_backend", "auto")) != "te":
+  insisted = implementations.insisted(cfg.get("nvfp4_backend", implementations.AUTO))
+  if str(cfg.get("quantization", "")) != "nvfp4" or insisted is None or not insisted.stops_at_te_limits:
     return None
   from maxtext_nvfp4.backends import capability  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.backends import te as te_backend  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.integration import model_layout  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.integration import parsed_config  # pylint: disable=import-outside-toplevel
 
   try:
-    te_backend.check_te_shapes(cfg, settings.from_config(cfg), layout=model_layout.layout_of(cfg))
+    run = parsed_config.parse(cfg)
+    te_backend.check_te_gemms(run.settings, run.layout)
   except capability.BackendError as e:
     return str(e)
   return None

@@ -10,14 +10,15 @@ Layers, lowest first; a module may import our modules of its own layer or a lowe
                 root __init__.py (version, register()) counts as integration
 
 No import cycle at any level: module-level imports and function-level (lazy) ones alike. No MaxText
-symbol of the adapter's ``touches`` is named outside integration/, and no module the plugin patches is
-named (as a string) outside the adapter files.
+symbol of the adapter's ``touches`` is named outside integration/, no module the plugin patches is
+named (as a string) outside the adapter files, and no package file outside the adapter names a MaxText version.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -274,3 +275,47 @@ def test_the_checker_catches_upward_imports(module, source, expect):
     assert found == []
   else:
     assert len(found) == 1 and expect in found[0], found
+
+
+def _adapter_versions() -> set[str]:
+  """The MaxText versions the adapter files declare (``version="0.2.5"`` in their ``MaxTextVersion``), from the AST."""
+  out = set()
+  for path in VERSIONS.glob("v*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call):
+        out.update(k.value.value for k in node.keywords
+                   if k.arg == "version" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str))
+  return out
+
+
+def maxtext_version_mentions(module: str, source: str, versions: set[str]) -> list[str]:
+  """Every line of ``source`` -- code, comments and docstrings alike -- that names one of the MaxText
+  ``versions``, unless ``module`` is an adapter file (``integration/maxtext_versions/``)."""
+  if module.startswith("maxtext_nvfp4.integration.maxtext_versions"):
+    return []
+  pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(v) for v in sorted(versions)) + r")(?![\w.]*\d)")
+  return [f"{module}:{i} names MaxText {m.group(1)}: {line.strip()[:80]}"
+          for i, line in enumerate(source.splitlines(), 1) for m in [pattern.search(line)] if m]
+
+
+def test_no_package_file_outside_the_adapter_names_a_maxtext_version():
+  versions = _adapter_versions()
+  assert {"0.2.4", "0.2.5"} <= versions
+  found = [hit for mod, src in _sources().items() for hit in maxtext_version_mentions(mod, src, versions)]
+  assert found == []
+
+
+@pytest.mark.parametrize("module,source,expect", [
+    ("maxtext_nvfp4.integration.posttrain", 'VERIFIED = "0.2.5"\n', "0.2.5"),
+    ("maxtext_nvfp4.tools.train", "# MaxText 0.2.4 configs/types.py: ...\n", "0.2.4"),
+    ("maxtext_nvfp4.tools.metrics", '"""Plain MaxText 0.2.5 truncates the file."""\n', "0.2.5"),
+    ("maxtext_nvfp4.tools.train", 'PINS = "google-metrax==0.2.4"\n', "0.2.4"),  # a pin that looks like one: adapter
+    ("maxtext_nvfp4.tools.train", 'X = "0.2.50 10.2.5 0.2.5.1"\n', None),  # other versions
+    ("maxtext_nvfp4.integration.maxtext_versions.v0_2_5", 'ADAPTER = MaxTextVersion(version="0.2.5")\n', None),
+])
+def test_the_version_check_catches_an_injected_version(module, source, expect):
+  found = maxtext_version_mentions(module, source, _adapter_versions())
+  if expect is None:
+    assert found == []
+  else:
+    assert len(found) == 1 and f"names MaxText {expect}" in found[0], found

@@ -120,3 +120,47 @@ def test_an_unsupported_installed_maxtext_fails_at_registration_in_one_line_nami
   assert lines[-1] == "RC 2", p.stdout + p.stderr
   err = p.stderr.strip().splitlines()
   assert len(err) == 1 and "supports MaxText 0.2.4 and 0.2.5" in err[0] and "0.1.0" in err[0], p.stderr
+
+
+def test_the_posttrain_facts_come_from_the_adapter(monkeypatch):
+  """The verified trainer version, the Tunix pins and the Tunix API bridged are the adapter's (integration/posttrain.py
+  names none of them); the messages read as before."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+
+  from maxtext_nvfp4.integration import posttrain  # pylint: disable=import-outside-toplevel
+
+  assert maxtext_versions.trainer_versions("sft") == maxtext_versions.trainer_versions("distill") == ("0.2.5",)
+  assert maxtext_versions.trainer_versions("rl") == ()
+  monkeypatch.setattr(touchpoints, "adapter", lambda: maxtext_versions.select("0.2.4"))
+  with pytest.raises(posttrain.PosttrainUnavailable) as e:
+    posttrain.trainer_module("sft")
+  assert str(e.value) == ("maxtext-nvfp4 sft runs MaxText 0.2.5's sft trainer; the installed MaxText 0.2.4 was not"
+                          " verified with it (pip install 'maxtext==0.2.5')")
+  monkeypatch.setattr(touchpoints, "adapter", lambda: maxtext_versions.select("0.2.5"))
+  real_find_spec = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tunix" else real_find_spec(name, *a))
+  with pytest.raises(posttrain.PosttrainUnavailable) as e:
+    posttrain.check_importable("distill")
+  assert str(e.value) == (
+      "MaxText's distillation trainer runs on Tunix, which is not installed: pip install --no-deps"
+      " google-tunix==0.1.7 google-metrax==0.2.4 clu==0.0.12 perfetto==0.59.1 wrapt==2.5.2 && pip install pandas"
+      " (google-tunix's own dependency list would downgrade transformers; scripts/setup.sh does this)")
+
+  class Tunix:  # a Tunix with the API: nothing to bridge
+    _save_checkpointables = _checkpointer = None
+
+  class Manager(Tunix):
+    pass
+
+  assert posttrain.bridge_tunix_v0(Manager, object) is False
+  assert maxtext_versions.select("0.2.5").tunix_checkpoint_api == ("_save_checkpointables", "_checkpointer")
+
+
+def test_setup_installs_the_adapters_tunix_pins():
+  import pathlib  # pylint: disable=import-outside-toplevel
+  import re  # pylint: disable=import-outside-toplevel
+
+  setup = (pathlib.Path(__file__).resolve().parents[2] / "scripts" / "setup.sh").read_text()
+  want = re.search(r'^tunix_want="([^"]*)"', setup, re.M)
+  assert want is not None and tuple(want.group(1).split()) == maxtext_versions.select(
+      maxtext_versions.trainer_versions("distill")[-1]).tunix_pins

@@ -18,12 +18,19 @@ from __future__ import annotations
 from maxtext_nvfp4.integration.maxtext_versions import v0_2_4, v0_2_5
 from maxtext_nvfp4.integration.maxtext_versions.schema import MaxTextVersion, MaxTextVersionError, Touch
 
-__all__ = ["MaxTextVersion", "MaxTextVersionError", "Touch", "SUPPORTED", "installed_version", "select"]
+__all__ = ["MaxTextVersion", "MaxTextVersionError", "Touch", "SUPPORTED", "installed_version", "select",
+           "trainer_versions"]
 
 
 # the supported releases, oldest first: one file each (the only list to extend)
 _ADAPTERS: dict[str, MaxTextVersion] = {a.version: a for a in (v0_2_4.ADAPTER, v0_2_5.ADAPTER)}
 SUPPORTED: tuple[str, ...] = tuple(_ADAPTERS)
+
+
+def trainer_versions(trainer: str) -> tuple[str, ...]:
+  """The supported MaxText versions, oldest first, whose post-training ``trainer`` was verified (those whose
+  adapter lists it in ``posttrain_modules``)."""
+  return tuple(v for v, a in _ADAPTERS.items() if trainer in a.posttrain_modules)
 
 
 def installed_version() -> str:

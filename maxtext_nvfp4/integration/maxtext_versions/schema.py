@@ -145,6 +145,16 @@ class MaxTextVersion:
   # module whose ``main(argv)`` runs it ("sft": the pre-training loop with use_sft; "distill": the Tunix
   # distillation trainer). Empty: no post-training entry point was verified on this version.
   posttrain_modules: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # the pip pins the distillation trainer's Tunix is installed with (``pip install --no-deps``: google-tunix's own
+  # dependency list would downgrade transformers; scripts/setup.sh installs the same set)
+  tunix_pins: tuple[str, ...] = ()
+  # what the distillation trainer's MaxTextCheckpointManager calls on Tunix's CheckpointManager that the pinned
+  # google-tunix lacks (integration/posttrain.py bridges them from that release's own Orbax manager)
+  tunix_checkpoint_api: tuple[str, ...] = ()
+  # MoE flags that work only with expert parallelism: flag -> the value they must keep when its rank is 1, unless
+  # override_logical_axis_rules is set (types.py: "When EP rank is 1, <flag> must be <value>"); the train CLI says
+  # so in one line before MaxText starts
+  ep_only_flags: Mapping[str, object] = dataclasses.field(default_factory=dict)
   # the XLA_FLAGS MaxText's config validation sets whenever XLA_FLAGS is unset (or empty) and
   # ``dump_hlo_xla_flags`` is empty -- even with ``dump_hlo=false`` (types.py, validate_and_set_hlo_dump_defaults,
   # called unconditionally): a format over config keys, then the module filter appended when that key is

@@ -192,6 +192,13 @@ ADAPTER = MaxTextVersion(
     train_module=_TRAIN,
     train_compile_module=_TRAIN_COMPILE,
     posttrain_modules={"sft": _SFT, "distill": _DISTILL},
+    # distillation_utils.py MaxTextCheckpointManager: save -> self._save_checkpointables, maybe_restore /
+    # wait_until_finished / close -> self._checkpointer; google-tunix 0.1.7 (PyPI's) keeps an Orbax
+    # CheckpointManager in _checkpoint_manager instead
+    tunix_pins=("google-tunix==0.1.7", "google-metrax==0.2.4", "clu==0.0.12", "perfetto==0.59.1", "wrapt==2.5.2"),
+    tunix_checkpoint_api=("_save_checkpointables", "_checkpointer"),
+    ep_only_flags={"use_ring_of_experts": False, "use_random_routing": False, "use_ragged_sort": False,
+                   "num_moe_emb_chunks": 0},
     kernel_signatures={
         ("embed_attn", "q_heads", "kv"): ("query",),
         ("embed_attn", "kv_heads", "kv_head_dim"): ("key", "value"),
