@@ -123,13 +123,12 @@ if has core; then
     --ignore=tests/te "${E2E_IGNORE[@]}" --junitxml="$logs/core.xml"
 fi
 builds_to_normal_priority
-# After the core suite, two lanes side by side (e2e before peers: the peer environment builds meanwhile). Each
-# stage but peers and e2e is one process for most of its time (a compile,
-# MaxText runs one after another, one pytest worker). Peers, the last to finish, has two workers, one file each:
-# alone on an idle machine 157 s instead of 273-292 s with one; beside lane B no faster (benchmarks/RESULTS.md), but
-# it takes the core that lane B leaves idle when the matrix ends.
-lane resume e2e peers & lane_a=$!
-lane gpu te matrix & lane_b=$!
+# After the core suite, two lanes side by side: the e2e stage's two workers in one, the
+# single-process stages one after another in the other, the peers stage (its environment the last to build)
+# last. The machine stays busy to the end: on a fresh 2-core machine the whole command is CPU-bound (user + sys
+# 3704 s in 1978 s of wall, 94 %; benchmarks/RESULTS.md), so what shortens it is less work and fewer idle tails.
+lane e2e & lane_a=$!
+lane resume gpu te matrix peers & lane_b=$!
 wait "$lane_a" "$lane_b"
 for s in e2e gpu te resume peers matrix; do
   has "$s" || continue
