@@ -67,8 +67,9 @@ def amax_groups(*, mesh: Mapping[str, int], x_rows: Sequence[Spec], x_k: Sequenc
       )
   tokens = _size(x_rows[0], mesh) if x_rows else 1
   wn = math.prod(_size(s, mesh, (FSDP_AXIS,)) for s in w_n)
+  token_axes = tuple(a for a in _axes(x_rows[0]) if int(mesh.get(a, 1)) > 1) if x_rows else ()
   return AmaxGroups(tokens=tokens, x_k=math.prod(_size(s, mesh) for s in x_k),
-                    w_k=math.prod(_size(s, mesh, (FSDP_AXIS,)) for s in w_k), w_n=wn, dy_n=wn)
+                    w_k=math.prod(_size(s, mesh, (FSDP_AXIS,)) for s in w_k), w_n=wn, dy_n=wn, token_axes=token_axes)
 
 
 def describe(groups) -> str:

@@ -183,17 +183,28 @@ class AmaxGroups:
   # W (K, N) along K and along N
   w_k: int = 1
   w_n: int = 1
+  # the mesh axes the token groups live on (x's batch dim), when known: the token-grouped operands and the
+  # wgrad's per-group partial products are then kept where their tokens are (sharding constraints), so that
+  # each device quantizes and multiplies its own group and only the partials move -- as TE's wgrad psum --
+  # instead of XLA gathering every group's operands to every device (:func:`_local_groups`)
+  token_axes: tuple[str, ...] = ()
 
   def __post_init__(self):
-    for f in dataclasses.fields(self):
-      v = getattr(self, f.name)
+    for name in _GROUP_COUNTS:
+      v = getattr(self, name)
       if not isinstance(v, int) or v < 1:
-        raise ValueError(f"AmaxGroups.{f.name}={v!r}: need an integer >= 1")
+        raise ValueError(f"AmaxGroups.{name}={v!r}: need an integer >= 1")
+    if not isinstance(self.token_axes, tuple) or not all(isinstance(a, str) for a in self.token_axes):
+      raise ValueError(f"AmaxGroups.token_axes={self.token_axes!r}: need a tuple of mesh axis names")
 
   @property
   def trivial(self) -> bool:
     """One amax per tensor: the global scope."""
-    return all(getattr(self, f.name) == 1 for f in dataclasses.fields(self))
+    return all(getattr(self, name) == 1 for name in _GROUP_COUNTS)
+
+
+# AmaxGroups' group counts (its other field names where they live)
+_GROUP_COUNTS = ("tokens", "x_k", "dy_n", "w_k", "w_n")
 
 
 def sr_keys(key):
@@ -233,17 +244,39 @@ def _merge_groups(a):
   return a.transpose(0, 2, 1, 3).reshape(gr * r, gc * c)
 
 
-def _quantize_grouped(fn, a, groups: tuple[int, int], key=None):
+def _local_groups(a, axes: tuple[str, ...], dim: int = 0):
+  """``a`` constrained to be sharded along ``dim`` over the mesh ``axes`` (the other dims unconstrained), when the
+  current mesh has them and ``a.shape[dim]`` divides evenly; else ``a`` unchanged.
+
+  Placement only, the values are the same: the token groups of an ``AmaxGroups`` are the devices' own token
+  blocks, and saying so keeps the partitioner from gathering every group to every device (on XLA:GPU it
+  did: 27.8 GiB of all-gathers per 8B-shaped step on 8 devices, benchmarks/RESULTS.md).
+  """
+  if not axes:
+    return a
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or any(ax not in mesh.shape for ax in axes):
+    return a
+  size = math.prod(mesh.shape[ax] for ax in axes)
+  if size <= 1 or a.shape[dim] % size:
+    return a
+  spec = [jax.sharding.PartitionSpec.UNCONSTRAINED] * a.ndim  # the other dims keep what the partitioner gives
+  spec[dim] = axes if len(axes) > 1 else axes[0]
+  return jax.lax.with_sharding_constraint(a, jax.sharding.PartitionSpec(*spec))
+
+
+def _quantize_grouped(fn, a, groups: tuple[int, int], key=None, row_axes: tuple[str, ...] = ()):
   """``fn(block, key)`` on each of the ``groups`` blocks of the 2D ``a`` (vmapped; per-block amax).
 
   ``groups == (1, 1)``: ``fn(a, key)`` itself. Otherwise every output leaf gets leading (gr, gc) dims and
   block (i, j) draws its stochastic-rounding bits from ``fold_in(key, i * gc + j)`` (as TE's devices
-  draw from their own rng states).
+  draw from their own rng states). ``row_axes``: the mesh axes the row groups live on (the tokens'), which
+  then quantize where they are.
   """
   gr, gc = groups
   if (gr, gc) == (1, 1):
     return fn(a, key)
-  parts = _split_groups(a, gr, gc)
+  parts = _local_groups(_split_groups(a, gr, gc), row_axes)
   if key is None:
     return jax.vmap(jax.vmap(lambda blk: fn(blk, None)))(parts)
   keys = jax.vmap(lambda i: prng.fold_in(key, i))(jnp.arange(gr * gc))
@@ -265,19 +298,21 @@ def _batched_dot_f32(a3, b3):
 
 
 def _grouped_dot(a3, amax_a, b3, amax_b, out_dtype, bound_a: int = numerics.E4M3_MAX,
-                 bound_b: int = numerics.E4M3_MAX):
+                 bound_b: int = numerics.E4M3_MAX, group_axes: tuple[str, ...] = ()):
   """The GEMM of operands with amax grids, per contraction group (see AmaxGroups).
 
   ``a3`` (g, m, k/g) and ``b3`` (g, k/g, n): the operands cut into the ``g`` contraction groups along a
   leading axis (aligned with the shards, so each device multiplies its own blocks). ``amax_a`` (gm, gka)
   and ``amax_b`` (gkb, gn) are the amax grids over (rows, contraction) and (contraction, columns), ``g`` a
   multiple of gka and gkb. ``p_g = cast(acc_g * gemm_alpha(...))``, summed in ``out_dtype`` in group order.
+  ``group_axes``: the mesh axes the contraction groups live on (the wgrad's token groups), where each partial
+  is then computed before the partials move to the output slice's device.
   """
   g, m, n = a3.shape[0], a3.shape[1], b3.shape[2]
   rows = jnp.repeat(jnp.repeat(amax_a, m // amax_a.shape[0], 0), g // amax_a.shape[1], 1).T  # (g, m)
   cols = jnp.repeat(jnp.repeat(amax_b, g // amax_b.shape[0], 0), n // amax_b.shape[1], 1)  # (g, n)
   alpha = gemm_alpha(rows[:, :, None], cols[:, None, :], bound_a, bound_b)
-  parts = (_batched_dot_f32(a3, b3) * alpha).astype(out_dtype)
+  parts = _local_groups((_batched_dot_f32(a3, b3) * alpha).astype(out_dtype), group_axes)
   out = parts[0]
   for i in range(1, g):
     out = (out + parts[i]).astype(out_dtype)
@@ -362,7 +397,7 @@ def _gemm_view(q):
   return (_merge_groups(values), amax, bound, True) if values.ndim == 4 else (values, amax, bound, False)
 
 
-def _nvfp4_dot(qa, qb, contract, out_dtype):
+def _nvfp4_dot(qa, qb, contract, out_dtype, group_axes: tuple[str, ...] = ()):
   (va, amax_a, ba, ga), (vb, amax_b, bb, gb) = _gemm_view(qa), _gemm_view(qb)
   if not (ga or gb):
     # Per-tensor amaxes, or a row-scaled one: oriented as output rows (a) / output columns (b).
@@ -374,9 +409,9 @@ def _nvfp4_dot(qa, qb, contract, out_dtype):
   amax_a = grid(amax_a).T if contract[0] == 0 else grid(amax_a)  # wgrad: xᵀ · dy
   amax_b = grid(amax_b).T if contract[1] == 1 else grid(amax_b)  # dgrad: dy · Wᵀ
   g = max(amax_a.shape[1], amax_b.shape[0])
-  a3 = _contraction_groups(va, contract[0], g, lhs=True)
-  b3 = _contraction_groups(vb, contract[1], g, lhs=False)
-  return _grouped_dot(a3, amax_a, b3, amax_b, out_dtype, ba, bb)
+  a3 = _local_groups(_contraction_groups(va, contract[0], g, lhs=True), group_axes)
+  b3 = _local_groups(_contraction_groups(vb, contract[1], g, lhs=False), group_axes)
+  return _grouped_dot(a3, amax_a, b3, amax_b, out_dtype, ba, bb, group_axes)
 
 
 def _fp8_dot(qa, qb, contract, out_dtype):
@@ -409,7 +444,7 @@ def _quantize_x_for_wgrad(x, rht: bool, groups: AmaxGroups | None = None,
   (``groups``: one amax per (tokens x x_k) block, no padding)."""
   if groups is not None and not groups.trivial:
     return _quantize_grouped(lambda b, _: numerics.quantize(b, axis=0, rht=rht, scale_rule=rule), x,
-                             (groups.tokens, groups.x_k))
+                             (groups.tokens, groups.x_k), row_axes=groups.token_axes)
   return numerics.quantize(_pad_to(x, (_round_up(x.shape[0]), x.shape[1])), axis=0, rht=rht, scale_rule=rule)
 
 
@@ -419,14 +454,15 @@ def _gathered(t, gather: weight_gather_lib.WeightGather | None):
   return t if gather is None or t is None else weight_gather_lib.gather(t, gather)
 
 
-def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None, key=None, **kw):
+def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None, key=None,
+             row_axes: tuple[str, ...] = (), **kw):
   """``(values, amax, bound)`` of ``numerics.quantize_values(a, **kw)`` under ``rule``, per amax block when
-  ``groups`` is not (1, 1) (see AmaxGroups)."""
+  ``groups`` is not (1, 1) (see AmaxGroups; ``row_axes``: where its row groups live)."""
   if groups is None or groups == (1, 1):
     v, amax = numerics.quantize_values(a, stochastic_key=key, scale_rule=rule, **kw)
   else:
     v, amax = _quantize_grouped(lambda b, k: numerics.quantize_values(b, stochastic_key=k, scale_rule=rule, **kw),
-                                a, groups, key)
+                                a, groups, key, row_axes)
   return v, amax, rule.e4m3_bound
 
 
@@ -451,7 +487,8 @@ def _fprop_operand_dequantized(r: GemmRecipe, a, which: str, dtype, groups: Amax
     t = _gathered(_quantize_weight(a, r.two_d_weights, 0, groups, r.scale_rule("weight")), gather)
   elif groups is not None and not groups.trivial:
     rule = r.scale_rule("activation")
-    t = _quantize_grouped(lambda b, _: numerics.quantize(b, axis=1, scale_rule=rule), a, (groups.tokens, groups.x_k))
+    t = _quantize_grouped(lambda b, _: numerics.quantize(b, axis=1, scale_rule=rule), a, (groups.tokens, groups.x_k),
+                          row_axes=groups.token_axes)
   else:
     t = numerics.quantize(_pad_to(a, (m, _round_up(n))), axis=1, scale_rule=r.scale_rule("activation"))
   return _dequantized(t, dtype)[:m, :n]
@@ -470,7 +507,8 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = 
     qw = _gathered(_quantize_weight(w, r.two_d_weights, 0, groups, r.scale_rule("weight")), gather)
   x_rule = r.scale_rule("activation")
   if groups is not None and not groups.trivial:
-    return _nvfp4_dot(_operand(x, x_rule, (groups.tokens, groups.x_k), axis=1), qw, (1, 0), out_dtype)
+    return _nvfp4_dot(_operand(x, x_rule, (groups.tokens, groups.x_k), row_axes=groups.token_axes, axis=1), qw,
+                      (1, 0), out_dtype)
   qx = _operand(_pad_to(x, (x.shape[0], qw.shape[0])), x_rule, axis=1)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
@@ -489,7 +527,8 @@ def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | No
   sr = key if r.stochastic_rounding else None
   dy_rule = r.scale_rule("gradient")
   if groups is not None and not groups.trivial:
-    return _nvfp4_dot(_operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, axis=1), qw, (1, 1), out_dtype)
+    return _nvfp4_dot(_operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=1),
+                      qw, (1, 1), out_dtype)
   qdy = _operand(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, key=sr, axis=1)
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
@@ -508,8 +547,8 @@ def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = Non
   sr = key if r.stochastic_rounding else None
   dy_rule = r.scale_rule("gradient")
   if groups is not None and not groups.trivial:
-    return _nvfp4_dot(qx, _operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, axis=0, rht=r.rht), (0, 0),
-                      out_dtype)
+    qdy = _operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=0, rht=r.rht)
+    return _nvfp4_dot(qx, qdy, (0, 0), out_dtype, groups.token_axes)
   qdy = _operand(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, key=sr, axis=0, rht=r.rht)
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 

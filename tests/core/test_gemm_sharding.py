@@ -216,7 +216,9 @@ _TE_SCOPE_SCRIPT = textwrap.dedent(
         shard = [NamedSharding(mesh, x_spec), NamedSharding(mesh, w_spec), NamedSharding(mesh, P(x_spec[0], None, None))]
         args = [jax.device_put(a, sh) for a, sh in zip((x, w, dy), shard)]
         # compiled once each: the executable gives the results and the HLO whose collectives are counted
-        te_fn = jax.jit(lambda x, w, dy: vjp(x, w, dy, G), in_shardings=shard).lower(*args).compile()
+        # under the mesh, as MaxText traces its step: the token groups' placement constraints apply
+        with jax.set_mesh(mesh):
+          te_fn = jax.jit(lambda x, w, dy: vjp(x, w, dy, G), in_shardings=shard).lower(*args).compile()
         glob_fn = jax.jit(lambda x, w, dy: vjp(x, w, dy, None), in_shardings=shard).lower(*args).compile()
         te = jax.device_get(te_fn(*args))
         te_one = jax.device_get(jax.jit(lambda x, w, dy: vjp(x, w, dy, G))(x, w, dy))

@@ -152,3 +152,48 @@ def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
     assert "__gpu$xla.gpu.triton" in text, name
     assert "all-gather" not in text, name
     assert "all-reduce" in text, name
+
+
+def _te_scope_step_gathers(token_axes_known: bool) -> tuple[dict, int]:
+  """bf16 all-gather bytes of one emulated GEMM's fwd+bwd (full recipe) under FSDP 8 with TE's amax scope, compiled
+  for 8 compile-only H200s under the mesh (as MaxText traces its step); and W's bytes."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  import collectives  # pylint: disable=import-outside-toplevel
+  from maxtext_nvfp4.core import amax_scope, gemm  # pylint: disable=import-outside-toplevel
+
+  devs = deviceless.devices("h200", topology="1x8x1")
+  mesh = Mesh(devs, ("fsdp",), axis_types=(AxisType.Auto,))
+  b, s, e, f = 16, 1024, 1024, 2048
+  groups = amax_scope.amax_groups(mesh={"fsdp": 8}, x_rows=["fsdp", None], x_k=[None], w_k=["fsdp"], w_n=[None])
+  assert groups.tokens == 8 and groups.token_axes == ("fsdp",)
+  if not token_axes_known:
+    groups = dataclasses.replace(groups, token_axes=())
+  recipe = gemm.GemmRecipe(stochastic_rounding=True)
+  dims = (((2,), (0,)), ((), ()))
+
+  def loss(x, w, key):
+    y = gemm.dot_general(x, w, dims, recipe=recipe, key=key, amax_groups=groups)
+    return jnp.sum(y.astype(jnp.float32) ** 2)
+
+  xs, ws = NamedSharding(mesh, P("fsdp", None, None)), NamedSharding(mesh, P("fsdp", None))
+  args = (jax.ShapeDtypeStruct((b, s, e), jnp.bfloat16, sharding=xs),
+          jax.ShapeDtypeStruct((e, f), jnp.bfloat16, sharding=ws),
+          jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=NamedSharding(mesh, P())))
+  fn = jax.jit(jax.grad(loss, argnums=(0, 1)), out_shardings=(xs, ws))
+  with jax.set_mesh(mesh), jax.default_device(devs[0]):
+    text = fn.trace(*args).lower().compile().as_text()
+  return collectives.collective_bytes(text)["all_gather"], e * f * 2
+
+
+def test_te_scope_under_fsdp_gathers_no_activation_or_gradient():
+  """nvfp4_amax_scope=te on FSDP 8: each device quantizes and multiplies its own token group, so nothing is
+  all-gathered but W (its block values, fprop and dgrad: at most 2 x W's bf16 bytes). Control: without the token
+  groups' mesh axes (the code before 2026-12-05) XLA:GPU gathers the wgrad's grouped x and dy to every device
+  (27.8 GiB per 8B-shaped step on 8 H200s, benchmarks/RESULTS.md)."""
+  got, w_bytes = _te_scope_step_gathers(token_axes_known=True)
+  assert got.get("bf16", 0) <= 2 * w_bytes, (got, w_bytes)
+  unplaced, _ = _te_scope_step_gathers(token_axes_known=False)
+  assert unplaced.get("bf16", 0) > 4 * w_bytes, (unplaced, w_bytes)
