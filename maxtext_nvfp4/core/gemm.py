@@ -249,8 +249,8 @@ def _local_groups(a, axes: tuple[str, ...], dim: int = 0):
   current mesh has them and ``a.shape[dim]`` divides evenly; else ``a`` unchanged.
 
   Placement only, the values are the same: the token groups of an ``AmaxGroups`` are the devices' own token
-  blocks, and saying so keeps the partitioner from gathering every group to every device (on XLA:GPU it
-  did: 27.8 GiB of all-gathers per 8B-shaped step on 8 devices, benchmarks/RESULTS.md).
+  blocks, and saying so keeps the partitioner from gathering every group to every device (XLA:GPU's did, for
+  MaxText's step under FSDP: benchmarks/RESULTS.md).
   """
   if not axes:
     return a
