@@ -123,12 +123,13 @@ if has core; then
     --ignore=tests/te "${E2E_IGNORE[@]}" --junitxml="$logs/core.xml"
 fi
 builds_to_normal_priority
-# After the core suite, two lanes side by side: the e2e stage's two workers in one, the
-# single-process stages one after another in the other, the peers stage (its environment the last to build)
-# last. The machine stays busy to the end: on a fresh 2-core machine the whole command is CPU-bound (user + sys
-# 3704 s in 1978 s of wall, 94 %; benchmarks/RESULTS.md), so what shortens it is less work and fewer idle tails.
-lane e2e & lane_a=$!
-lane resume gpu te matrix peers & lane_b=$!
+# After the core suite, two lanes side by side: the e2e stage's two workers, then the peers stage (two processes),
+# in one; the single-process stages one after another in the other (gpu waits for the targets environment, the
+# slowest build). The machine stays busy to the end: on a fresh 2-core machine the whole command
+# is CPU-bound (user + sys 3619 s in 1966 s of wall, 92 %; benchmarks/RESULTS.md), so what shortens it is less work
+# and fewer idle tails (there, the matrix stage ran alone on one core after e2e ended).
+lane e2e peers & lane_a=$!
+lane resume gpu te matrix & lane_b=$!
 wait "$lane_a" "$lane_b"
 for s in e2e gpu te resume peers matrix; do
   has "$s" || continue
