@@ -23,17 +23,18 @@ from __future__ import annotations
 import argparse
 import collections
 import shlex
-import json
 import os
 import re
 import resource
-import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests", "te"))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import child_rows  # pylint: disable=wrong-import-position
 
 
 LAUNCHER = os.path.join(ROOT, "maxtext_nvfp4", "recipes", "launch", "slurm_nvfp4.sbatch")
@@ -119,29 +120,25 @@ def main(argv=None) -> int:
   p.add_argument("--one", help=argparse.SUPPRESS)  # internal: compile this recipe in this process
   args = p.parse_args(argv)
   if args.one:
-    print("ROW " + json.dumps(compile_one(args.one, args.topology, args.set)), flush=True)
+    child_rows.emit(compile_one(args.one, args.topology, args.set))
     return 0
-  rows = []
-  for recipe in args.recipes.split(","):
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", recipe, "--topology", args.topology]
-    for kv in args.set:
-      cmd += ["--set", kv]
-    env = dict(os.environ)
-    if not args.no_launch_flags:
-      env.update(launcher_environment())
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    row = next((json.loads(l[4:]) for l in proc.stdout.splitlines() if l.startswith("ROW ")), None)
-    if row is None:
-      lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
-      err = [l for l in lines if "Error" in l.split(":", 1)[0] or l.startswith("E ")][-1:] or lines[-1:] or [
-          f"exit {proc.returncode}"]
-      killed = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-      row = dict(recipe=recipe, topology=args.topology, error=f"{killed}: {err[0][:300]}")
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    if args.json:
-      with open(args.json, "w") as fh:
-        json.dump(rows, fh, indent=1)
+  env = dict(os.environ)
+  if not args.no_launch_flags:
+    env.update(launcher_environment())
+
+  def row_of(recipe: str, run: child_rows.ChildRun) -> dict:
+    if run.row is not None:
+      return run.row
+    lines = [l for l in run.stderr.strip().splitlines() if l.strip()]
+    err = [l for l in lines if "Error" in l.split(":", 1)[0] or l.startswith("E ")][-1:] or lines[-1:] or [
+        f"exit {run.returncode}"]
+    killed = f"killed by signal {-run.returncode}" if run.returncode < 0 else f"exit {run.returncode}"
+    return dict(recipe=recipe, topology=args.topology, error=f"{killed}: {err[0][:300]}")
+
+  rows = child_rows.collect(
+      __file__, args.recipes.split(","),
+      lambda recipe: ["--one", recipe, "--topology", args.topology, *(a for kv in args.set for a in ("--set", kv))],
+      row_of, env=env, json_list=args.json)
   print("compile-derived (XLA's plan for the target; nothing ran):")
   print(table(rows))
   return 0 if all("error" not in r for r in rows) else 1

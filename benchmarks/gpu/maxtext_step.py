@@ -31,10 +31,8 @@ pyconfig state with the next.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -43,6 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(_HERE))
 sys.path.insert(0, _HERE)
 sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.insert(0, ROOT)
+
+import child_rows  # pylint: disable=wrong-import-position
 
 # name -> (what, recipe yml relative to the checkout or "base" for MaxText's base.yml, keys)
 # scan_layers=false (the MoE proxy's own setting): ``hlo_traffic`` counts a loop body once and a kernel's whole
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   if a.one:
     hlo = os.path.join(a.hlo_dir, f"{a.one}.hlo.txt") if a.hlo_dir else None
-    print("ROW " + json.dumps(compile_step(a.one, a.spec, a.set, a.devices, hlo)), flush=True)
+    child_rows.emit(compile_step(a.one, a.spec, a.set, a.devices, hlo))
     return 0
   import deviceless  # pylint: disable=import-outside-toplevel
 
@@ -192,26 +192,21 @@ def main(argv=None) -> int:
   if a.devices < 1:
     p.error(f"--devices {a.devices}: need at least 1")
   print(f"{deviceless.HEADLINE}; target {a.spec} x {a.devices}", flush=True)
-  rows = []
-  for name in names:
-    t0 = time.time()
-    try:
-      r = subprocess.run([sys.executable, os.path.abspath(__file__), "--spec", a.spec, "--one", name,
-                          f"--devices={a.devices}", *(f"--set={kv}" for kv in a.set),
-                          *([f"--hlo-dir={a.hlo_dir}"] if a.hlo_dir else [])],
-                         capture_output=True, text=True, timeout=a.timeout, check=False)
-      line = [l for l in r.stdout.splitlines() if l.startswith("ROW ")]
-      errors = [l for l in r.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception|Exit)\b", l)]
-      row = json.loads(line[-1][4:]) if line else dict(
-          program=name, error=(errors or r.stderr.strip().splitlines() or ["no output"])[-1][-300:])
-    except subprocess.TimeoutExpired:
-      row = dict(program=name, error=f"not compiled within {a.timeout:.0f} s")
-    row["wall_s"] = round(time.time() - t0, 1)
-    rows.append(row)
-    print(json.dumps(row), flush=True)
-    if a.json:
-      with open(a.json, "a") as fh:
-        fh.write(json.dumps(row) + "\n")
+
+  def row_of(name: str, run: child_rows.ChildRun) -> dict:
+    if run.row is not None:
+      return {**run.row, "wall_s": run.wall_s}
+    if run.timed_out:
+      return dict(program=name, error=f"not compiled within {a.timeout:.0f} s", wall_s=run.wall_s)
+    errors = [l for l in run.stderr.splitlines() if re.match(r"[\w.]+(Error|Exception|Exit)\b", l)]
+    error = (errors or run.stderr.strip().splitlines() or ["no output"])[-1][-300:]
+    return dict(program=name, error=error, wall_s=run.wall_s)
+
+  rows = child_rows.collect(__file__, names,
+                            lambda name: ["--spec", a.spec, "--one", name, f"--devices={a.devices}",
+                                          *(f"--set={kv}" for kv in a.set),
+                                          *([f"--hlo-dir={a.hlo_dir}"] if a.hlo_dir else [])],
+                            row_of, timeout=a.timeout, json_lines=a.json)
   print(table(rows))
   return 0 if all("error" not in r for r in rows) else 1
 

@@ -21,16 +21,16 @@ Each program compiles in its own process (pyconfig and jit caches are per proces
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(_HERE))
 sys.path.insert(0, _HERE)
+sys.path.insert(0, os.path.dirname(_HERE))
 sys.path.insert(0, ROOT)
+
+import child_rows  # pylint: disable=wrong-import-position
 
 MODEL = dict(base_emb_dim=256, base_mlp_dim=512, base_num_query_heads=4, base_num_kv_heads=4, head_dim=64,
              vocab_size=512, max_target_length=128, per_device_batch_size=2, attention="dot_product",
@@ -82,23 +82,20 @@ def main(argv=None) -> int:
   p.add_argument("--one", help=argparse.SUPPRESS)  # the child: compile this one program, print its row
   a = p.parse_args(argv)
   if a.one:
-    print("ROW " + json.dumps(compile_one(a.one, a.devices, a.layers)), flush=True)
+    child_rows.emit(compile_one(a.one, a.devices, a.layers))
     return 0
-  rows = []
-  for name in a.programs.split(","):
-    t0 = time.time()
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", name, f"--devices={a.devices}",
-                        f"--layers={a.layers}"], capture_output=True, text=True, check=False)
-    line = [l for l in r.stdout.splitlines() if l.startswith("ROW ")]
-    if not line:
-      print(f"{name}: failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
-      return 1
-    row = json.loads(line[0][4:])
-    row["wall_s"] = round(time.time() - t0, 1)
-    rows.append(row)
-    if a.json:
-      with open(a.json, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row) + "\n")
+
+  def row_of(name: str, run: child_rows.ChildRun) -> dict | None:
+    if run.row is None:
+      print(f"{name}: failed (exit {run.returncode}): {run.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+      return None
+    return {**run.row, "wall_s": run.wall_s}
+
+  rows = child_rows.collect(__file__, a.programs.split(","),
+                            lambda name: ["--one", name, f"--devices={a.devices}", f"--layers={a.layers}"],
+                            row_of, echo=False, json_lines=a.json)
+  if rows is None:
+    return 1
   base = next((r["all_gather_bytes"] for r in rows if r["program"] == "bf16"), None)
   print(f"{'program':9} {'all-gather B':>12} {'x bf16':>6} {'kernels B/w':>11} {'reduce-scatter B':>16}"
         f" {'temp MiB':>8}  all-gather by dtype")
