@@ -47,6 +47,22 @@ def plain_dot_general_cls():
   return _PLAIN_CLS[0]
 
 
+def _te_dense_operands(dims, overlap, generate_collective_op_set, mesh_axes):
+  """``dims = (contracting_dims, ((), ()))  ->  (contracting_dims, collective_op_set)`` for TE's ``dense``.
+
+  As MaxText's ``TransformerEngineQuantization.dot_general_cls`` (its ``te_dot_general``) derives them, so that our
+  NVFP4 projections take the same path into TE: TE's ``dense`` has no batch dimensions (asserted), and the
+  collective-GEMM ops are ``generate_collective_op_set(mesh_axes)`` when ``te_comm_gemm_overlap`` (``overlap``) is
+  on, TE's ``noop_collective_op_set`` (plain GEMMs, XLA's own collectives) when it is ``"disabled"``.
+  """
+  import transformer_engine.jax.cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
+
+  contracting_dims, batch_dims = dims
+  assert batch_dims == ((), ()), "Batch dimensions must be empty for TransformerEngine dot."
+  return contracting_dims, (generate_collective_op_set(mesh_axes) if overlap != "disabled"
+                            else tex.noop_collective_op_set)
+
+
 class TeQuantizationMixin:
   """MaxText's TE quantization with our NVFP4 toggles, per-GEMM plan and seeded ``sr_rng``: mixed in before
   MaxText's ``TransformerEngineQuantization`` (``_base_cls``) by :func:`_subclass_of`."""
@@ -135,13 +151,9 @@ class TeQuantizationMixin:
 
     def te_dot_general(generate_quantizer_set, generate_collective_op_set, x, kernel, dims, **kwargs):
       del kwargs  # as MaxText's te_dot_general: TE's dense takes no precision arguments
-      import transformer_engine.jax.cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
-
       from maxtext_nvfp4.backends import te_shared_dense  # pylint: disable=import-outside-toplevel
 
-      contracting_dims, batch_dims = dims
-      assert batch_dims == ((), ()), "Batch dimensions must be empty for TransformerEngine dot."
-      collective = generate_collective_op_set(mesh_axes) if overlap != "disabled" else tex.noop_collective_op_set
+      contracting_dims, collective = _te_dense_operands(dims, overlap, generate_collective_op_set, mesh_axes)
       return te_shared_dense.dense(x, kernel, contracting_dims, generate_quantizer_set(), collective)
 
     return self._wrap(te_dot_general, "dot_general")
@@ -168,11 +180,8 @@ class TeQuantizationMixin:
       import jax  # pylint: disable=import-outside-toplevel
       import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
       import transformer_engine.jax  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
-      import transformer_engine.jax.cpp_extensions as tex  # pylint: disable=import-outside-toplevel # pytype: disable=import-error
 
-      contracting_dims, batch_dims = dims
-      assert batch_dims == ((), ()), "Batch dimensions must be empty for TransformerEngine dot."
-      collective = generate_collective_op_set(mesh_axes) if overlap != "disabled" else tex.noop_collective_op_set
+      contracting_dims, collective = _te_dense_operands(dims, overlap, generate_collective_op_set, mesh_axes)
       out_dtype = jnp.result_type(x)
 
       def dense(quantizer_set):
