@@ -188,10 +188,24 @@ def _cpu_program(fn):
   return jax.jit(fn).lower(_X).as_text()
 
 
-def test_the_forced_implementation_is_the_one_that_runs():
+@pytest.fixture
+def compilers(monkeypatch):
+  """``compilers(*platforms)``: this process as if exactly these kernel compilers ("cuda": XLA:GPU's plugin,
+  "tpu": libtpu) were installed; the automatic dispatch traces their kernels' branches."""
+
+  def install(*platforms):
+    monkeypatch.setattr(api, "_installed_compilers", lambda: frozenset(platforms))
+    jax.clear_caches()  # the quantizer's inner jit keeps the traces made under the previous environment
+
+  yield install
+  jax.clear_caches()
+
+
+def test_the_forced_implementation_is_the_one_that_runs(compilers):
   """On this CPU: "triton" lowers the interpreted kernels (a loop over the grid), "xla" and the automatic
-  choice the XLA form (no loop, no kernel); the jaxpr of "xla" holds no kernel at all, the automatic one holds
-  the kernels for XLA:GPU."""
+  choice the XLA form (no loop, no kernel); the jaxpr of "xla" holds no kernel at all, the automatic one, with
+  XLA:GPU's compiler installed, holds the kernels for XLA:GPU."""
+  compilers("cuda")
   programs = {impl: _cpu_program(lambda x, impl=impl: nv.quantize_values(x, implementation=impl))
               for impl in (None, "xla", "triton")}
   assert "stablehlo.while" in programs["triton"]
@@ -201,7 +215,8 @@ def test_the_forced_implementation_is_the_one_that_runs():
   assert "pallas_call" not in jaxprs["xla"] and "pallas_call" in jaxprs[None]
 
 
-def test_the_environment_variable_chooses_for_a_whole_run_and_the_argument_overrides_it(monkeypatch):
+def test_the_environment_variable_chooses_for_a_whole_run_and_the_argument_overrides_it(monkeypatch, compilers):
+  compilers("cuda")
   monkeypatch.setenv(nv.IMPLEMENTATION_ENV, "triton")
   assert "stablehlo.while" in _cpu_program(lambda x: nv.quantize_values(x))
   assert "stablehlo.while" not in _cpu_program(lambda x: nv.quantize_values(x, implementation="xla"))
@@ -267,6 +282,41 @@ def test_a_call_that_leaves_the_kernels_logs_one_line_per_run_and_reason(fallbac
   nv.quantize_values(_Y, implementation="xla", scale_rule=nv.ScaleRule(selection="4over6"))  # forced: no line
   lines = fallback_log()
   assert len(lines) == 2 and "a scale rule other than TE's standard one" in lines[1], lines
+
+
+def _primitive_names(jaxpr) -> set[str]:
+  names = set()
+  for eqn in jaxpr.eqns:
+    names.add(eqn.primitive.name)
+    for p in eqn.params.values():
+      for j in p if isinstance(p, (tuple, list)) else (p,):
+        inner = getattr(j, "jaxpr", None)
+        if inner is not None and hasattr(inner, "eqns"):
+          names |= _primitive_names(inner)
+  return names
+
+
+def test_automatic_dispatch_traces_the_kernels_of_installed_compilers_only(monkeypatch, compilers):
+  """Without XLA:GPU's plugin or libtpu (and a CPU as the default device) no program traced here can run the
+  Pallas kernels: the automatic choice is the XLA form with no kernel branch (tracing the kernels costs seconds
+  per model). With a compiler installed, its kernels' branch is traced beside the XLA form."""
+  f = lambda a: nv.quantize_values(a, axis=0, rht=True)  # noqa: E731  (Triton and Mosaic both take this call)
+
+  def traced(*installed):
+    compilers(*installed)
+    return jax.make_jaxpr(f)(_Y)
+
+  bare = traced()
+  assert "pallas_call" not in _primitive_names(bare.jaxpr), bare
+  assert "reduce_max" in _primitive_names(bare.jaxpr)  # sanity: the quantizer's own program (its amax)
+  for installed, kernels in ((("cuda",), 1), (("tpu",), 1), (("cuda", "tpu"), 2)):
+    jaxpr = traced(*installed)
+    assert "pallas_call" in _primitive_names(jaxpr.jaxpr), installed
+    assert str(jaxpr).count("pallas_call") >= kernels, installed
+  # the default device's own platform counts as installed (a GPU or TPU process always has its compiler)
+  monkeypatch.setattr(api, "_default_platform", lambda: "gpu")
+  on_gpu = traced()
+  assert api._compilable_kernel_platforms() == {"cuda"} and "pallas_call" in _primitive_names(on_gpu.jaxpr)
 
 
 def test_on_a_gpu_a_second_vmap_logs_its_line(fallback_log, monkeypatch):

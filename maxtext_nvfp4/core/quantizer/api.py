@@ -24,12 +24,14 @@ which the argument overrides):
               line per run and reason (logger ``maxtext_nvfp4``, INFO, process 0) saying why.
 
 Every implementation gives the same bits (``tests/core/test_quantizer_implementations.py``). The platform
-itself is chosen per lowering (``lax.platform_dependent``); the log line names the default device's platform.
+itself is chosen per lowering (``lax.platform_dependent``), among the platforms this environment can compile
+for (:func:`_compilable_kernel_platforms`); the log line names the default device's platform.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import threading
@@ -142,6 +144,33 @@ def _leave_kernels(request: str, source: str, reason: str, impl: str = "triton")
               IMPLEMENTATION_ENV, impl)
 
 
+@functools.cache
+def _installed_compilers() -> frozenset[str]:
+  """The kernel platforms ("cuda", "tpu") whose compiler this environment has: XLA:GPU's plugin (jax[cuda12] and
+  jax[cuda13] install it, the compile-only targets environment too) or libtpu (jax[tpu])."""
+  have = set()
+  for platform, modules in (("cuda", ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")), ("tpu", ("libtpu",))):
+    for module in modules:
+      try:
+        found = importlib.util.find_spec(module) is not None
+      except (ImportError, ValueError):
+        found = False
+      if found:
+        have.add(platform)
+        break
+  return frozenset(have)
+
+
+def _compilable_kernel_platforms() -> frozenset[str]:
+  """The kernel platforms a program traced in this process can be compiled for: an installed compiler's, and the
+  default device's. Automatic dispatch traces a kernel branch for these only: a process without XLA:GPU's plugin
+  or libtpu (a CPU-only environment) can never compile the Pallas kernels, and tracing them costs seconds per
+  model. (A program lowered here for another platform, ``lower(lowering_platforms=...)`` with no compiler
+  installed, takes the XLA form: the same bits.)"""
+  default = {impl_platform for impl_platform, names, _ in _KERNELS.values() if _default_platform() in names}
+  return _installed_compilers() | frozenset(default)
+
+
 def _default_platform() -> str:
   """The platform of the default device: what a call here most likely lowers for (the log line's)."""
   device = jax.config.jax_default_device
@@ -176,6 +205,7 @@ def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_for
   platform = _default_platform()
   # the implementation whose platform the default device is (its log lines); Triton's names every other platform
   home = next((impl for impl, (_, names, _) in _KERNELS.items() if platform in names), None)
+  compilable = _compilable_kernel_platforms()
   branches = {}
   for impl, ((layout, refusal), kernel) in forms.items():
     logs = impl == (home or "triton")
@@ -186,7 +216,10 @@ def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_for
     if logs and home is None:
       _leave_kernels(request, source, f"every call: the default device is {platform}, and the kernels run on XLA:GPU"
                      " or a TPU", impl)
-    branches[_KERNELS[impl][0]] = functools.partial(_auto_kernel, kernel, xla_form, keys, impl, logs and home)
+    if _KERNELS[impl][0] in compilable:
+      branches[_KERNELS[impl][0]] = functools.partial(_auto_kernel, kernel, xla_form, keys, impl, logs and home)
+  if not branches:
+    return xla_form(x)
   return lax.platform_dependent(x, **branches, default=xla_form)
 
 
