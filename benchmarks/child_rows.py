@@ -7,7 +7,7 @@ Why a process each: a compile's memory, jit and pyconfig caches and compiler sta
 its process, so one program's compile does not reach the next. The parent finds the child's row by the ``ROW ``
 prefix (whatever else the child prints is ignored); a child that prints none failed, and the script turns its exit
 status and stderr (:class:`ChildRun`) into an error row or stops. Used by ``gpu/maxtext_step.py``,
-``gpu/te_weight_gather.py`` and ``blackwell/recipes_compile.py``.
+``gpu/te_weight_gather.py``, ``blackwell/recipes_compile.py`` and ``train_step_compile.py``.
 """
 
 from __future__ import annotations

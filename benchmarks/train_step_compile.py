@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import child_rows  # noqa: E402  pylint: disable=wrong-import-position
 
 _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace s", "/jax/core/compile/jaxpr_to_mlir_module_duration":
            "lower s", "/jax/core/compile/backend_compile_duration": "XLA compile s"}
@@ -55,19 +55,18 @@ def main(argv=None) -> int:
   args = p.parse_args(argv)
   overrides = dict(kv.split("=", 1) for kv in args.set)
   if args.child is not None:
-    print("ROW " + json.dumps(_one_run(args.child, overrides)), flush=True)
+    child_rows.emit(_one_run(args.child, overrides))
     return 0
   print(f"| quantization | run | {' | '.join(_EVENTS.values())} | wall s | losses |")
   print("|---|---|" + "---|" * len(_EVENTS) + "---|---|")
   for q in args.quantization or ["", "nvfp4"]:
     for i in range(args.repeat):
-      cmd = [sys.executable, os.path.abspath(__file__), "--child", q, *(f"--set={kv}" for kv in args.set)]
-      proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-      rows = [line[4:] for line in proc.stdout.splitlines() if line.startswith("ROW ")]
-      if proc.returncode or not rows:
-        print(f"| {q or 'bf16'} | {i} | run failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]} |")
+      run = child_rows.run_child([sys.executable, os.path.abspath(__file__), "--child", q,
+                                  *(f"--set={kv}" for kv in args.set)])
+      if run.returncode or run.row is None:
+        print(f"| {q or 'bf16'} | {i} | run failed (exit {run.returncode}): {run.stderr.strip()[-300:]} |")
         return 1
-      row = json.loads(rows[-1])
+      row = run.row
       cells = " | ".join(f"{v:.1f}" for v in row["timers"].values())
       print(f"| {q or 'bf16'} | {i} | {cells} | {row['wall']:.1f} | {row['losses']} |", flush=True)
   return 0
