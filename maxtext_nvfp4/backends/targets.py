@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import os
 import re
+
+from maxtext_nvfp4.core import compilers
 
 SPECS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "target_specs")
 
@@ -48,7 +49,6 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     Target(name="tpu-v5p", platform="tpu", tpu_chip="v5p"),
 )}
 GPU_TARGETS = tuple(n for n, t in TARGETS.items() if t.platform == "gpu")
-_CUDA_PLUGIN = "jax_cuda12_plugin"
 
 
 class TargetError(ValueError):
@@ -98,13 +98,13 @@ def unavailable_reason(name: str) -> str | None:
   """None when compile-only devices of target ``name`` can be made here; else why, with the fix (one line)."""
   t = target(name)
   if t.platform == "gpu":
-    if importlib.util.find_spec(_CUDA_PLUGIN) is None or importlib.util.find_spec("jax_plugins") is None:
+    if "cuda" not in compilers.installed():
       import jax  # pylint: disable=import-outside-toplevel
 
       return (f"compiling for {name} needs XLA:GPU's compiler: pip install jax-cuda12-plugin=={jax.__version__}"
               f" jax-cuda12-pjrt=={jax.__version__} (scripts/setup_targets.sh builds .venv-targets with them)")
     return None
-  if importlib.util.find_spec("libtpu") is None:
+  if "tpu" not in compilers.installed():
     return (f"compiling for {name} needs libtpu at jax's own pin (jax 0.12.0.1: pip install 'libtpu==0.0.50.*';"
             " scripts/setup_targets.sh builds .venv-targets with it)")
   return None

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from maxtext_nvfp4.core import compilers as compilers_lib
 from maxtext_nvfp4.core import nvfp4 as nv
 from maxtext_nvfp4.core.quantizer import api, pallas_mosaic_tpu, random_bits
 from nvfp4_reference import (  # the independent oracle and its inputs (tests/core/nvfp4_reference.py)
@@ -194,7 +195,7 @@ def compilers(monkeypatch):
   "tpu": libtpu) were installed; the automatic dispatch traces their kernels' branches."""
 
   def install(*platforms):
-    monkeypatch.setattr(api, "_installed_compilers", lambda: frozenset(platforms))
+    monkeypatch.setattr(compilers_lib, "installed", lambda: frozenset(platforms))
     jax.clear_caches()  # the quantizer's inner jit keeps the traces made under the previous environment
 
   yield install
@@ -316,7 +317,7 @@ def test_automatic_dispatch_traces_the_kernels_of_installed_compilers_only(monke
   # the default device's own platform counts as installed (a GPU or TPU process always has its compiler)
   monkeypatch.setattr(api, "_default_platform", lambda: "gpu")
   on_gpu = traced()
-  assert api._compilable_kernel_platforms() == {"cuda"} and "pallas_call" in _primitive_names(on_gpu.jaxpr)
+  assert api._compilable_kernel_platforms(api._default_platform()) == {"cuda"} and "pallas_call" in _primitive_names(on_gpu.jaxpr)
 
 
 def test_on_a_gpu_a_second_vmap_logs_its_line(fallback_log, monkeypatch):

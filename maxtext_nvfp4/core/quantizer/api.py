@@ -31,7 +31,6 @@ for (:func:`_compilable_kernel_platforms`); the log line names the default devic
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import os
 import threading
@@ -40,6 +39,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from maxtext_nvfp4.core import compilers
 from maxtext_nvfp4.core.quantizer import pallas_mosaic_tpu, pallas_triton, xla
 from maxtext_nvfp4.core.quantizer.formulas import (
     BLOCK,
@@ -144,31 +144,14 @@ def _leave_kernels(request: str, source: str, reason: str, impl: str = "triton")
               IMPLEMENTATION_ENV, impl)
 
 
-@functools.cache
-def _installed_compilers() -> frozenset[str]:
-  """The kernel platforms ("cuda", "tpu") whose compiler this environment has: XLA:GPU's plugin (jax[cuda12] and
-  jax[cuda13] install it, the compile-only targets environment too) or libtpu (jax[tpu])."""
-  have = set()
-  for platform, modules in (("cuda", ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")), ("tpu", ("libtpu",))):
-    for module in modules:
-      try:
-        found = importlib.util.find_spec(module) is not None
-      except (ImportError, ValueError):
-        found = False
-      if found:
-        have.add(platform)
-        break
-  return frozenset(have)
-
-
-def _compilable_kernel_platforms() -> frozenset[str]:
-  """The kernel platforms a program traced in this process can be compiled for: an installed compiler's, and the
-  default device's. Automatic dispatch traces a kernel branch for these only: a process without XLA:GPU's plugin
-  or libtpu (a CPU-only environment) can never compile the Pallas kernels, and tracing them costs seconds per
-  model. (A program lowered here for another platform, ``lower(lowering_platforms=...)`` with no compiler
-  installed, takes the XLA form: the same bits.)"""
-  default = {impl_platform for impl_platform, names, _ in _KERNELS.values() if _default_platform() in names}
-  return _installed_compilers() | frozenset(default)
+def _compilable_kernel_platforms(platform: str) -> frozenset[str]:
+  """The kernel platforms a program traced in this process can be compiled for: an installed compiler's
+  (:func:`compilers.installed`), and ``platform``'s, the default device's. Automatic dispatch traces a kernel
+  branch for these only: a process without XLA:GPU's plugin or libtpu (a CPU-only environment) can never compile
+  the Pallas kernels, and tracing them costs seconds per model. (A program lowered here for another platform,
+  ``lower(lowering_platforms=...)`` with no compiler installed, takes the XLA form: the same bits.)"""
+  default = {kernel_platform for kernel_platform, names, _ in _KERNELS.values() if platform in names}
+  return compilers.installed() | frozenset(default)
 
 
 def _default_platform() -> str:
@@ -205,7 +188,7 @@ def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_for
   platform = _default_platform()
   # the implementation whose platform the default device is (its log lines); Triton's names every other platform
   home = next((impl for impl, (_, names, _) in _KERNELS.items() if platform in names), None)
-  compilable = _compilable_kernel_platforms()
+  compilable = _compilable_kernel_platforms(platform)
   branches = {}
   for impl, ((layout, refusal), kernel) in forms.items():
     logs = impl == (home or "triton")
