@@ -191,8 +191,8 @@ def _te_scope_step_gathers(token_axes_known: bool) -> tuple[dict, int]:
 def test_te_scope_under_fsdp_gathers_no_activation_or_gradient():
   """nvfp4_amax_scope=te on FSDP 8: each device quantizes and multiplies its own token group, so nothing is
   all-gathered but W (its block values, fprop and dgrad: at most 2 x W's bf16 bytes). Control: without the token
-  groups' mesh axes XLA:GPU gathers the wgrad's grouped x and dy to every device
-  (27.8 GiB per 8B-shaped step on 8 H200s, benchmarks/RESULTS.md)."""
+  groups' mesh axes XLA:GPU gathers the wgrad's grouped x and dy to every device (benchmarks/RESULTS.md has
+  what that cost MaxText's 8B-shaped step)."""
   got, w_bytes = _te_scope_step_gathers(token_axes_known=True)
   assert got.get("bf16", 0) <= 2 * w_bytes, (got, w_bytes)
   unplaced, _ = _te_scope_step_gathers(token_axes_known=False)
