@@ -10,7 +10,9 @@ Each collective counts the bytes of its full-size buffer on one device, once per
   all-to-all, collective-permute   the operand
 
 Async pairs count at their ``-start`` (whose tuple holds operands, then results); ``-done`` is not counted. A
-collective inside a loop body counts once (the MaxText step programs here are unrolled: ``scan_layers=false``).
+collective counts as often as its computation runs per step (:func:`computation_runs`): a loop body's collectives
+times the loop's trip count (XLA's ``known_trip_count``; MaxText's ``scan_layers=true`` layer loop), nested loops
+multiplied; a loop whose trip count XLA does not know counts once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ _BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "f4e2m1fn": 0
 _LINE = re.compile(r"^\s*(?:ROOT )?%\S+ = (.*?) (all-gather|reduce-scatter|all-reduce|all-to-all|collective-permute)"
                    r"(-start)?\(")
 _ARRAY = re.compile(r"\b(\w+)\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) .*\{\s*$")
+_CALLEE = re.compile(r"\b(body|condition|calls|to_apply|true_computation|false_computation)=%([\w.\-]+)")
+_CALLEES = re.compile(r"\b(?:calls|branch_computations)=\{([^}]*)\}")
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
 
 
 def _arrays(type_text: str) -> list[tuple[str, float]]:
@@ -57,10 +63,51 @@ def _split_top(type_text: str) -> list[str]:
   return parts + [cur]
 
 
-def collective_bytes(hlo_text: str) -> dict[str, dict[str, float]]:
-  """{kind: {dtype: bytes}} of the collectives in ``hlo_text`` (see the module docstring)."""
-  out = {k: collections.Counter() for k in KINDS}
+def computation_runs(hlo_text: str) -> dict[str, int]:
+  """{computation: times it runs per run of the entry}: runs(callee) = sum over its call sites of runs(caller) x
+  (the trip count for a while body or condition, else 1). Empty when the text has no ENTRY computation."""
+  calls: dict[str, list[tuple[str, int]]] = collections.defaultdict(list)  # callee -> [(caller, factor)]
+  entry, current = None, None
   for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      current = m.group(2)
+      entry = current if m.group(1) else entry
+      continue
+    if current is None or " = " not in line:
+      continue
+    trip = _TRIP_COUNT.search(line)
+    for role, callee in _CALLEE.findall(line):
+      calls[callee].append((current, int(trip.group(1)) if trip and role in ("body", "condition") else 1))
+    for group in _CALLEES.findall(line):
+      for callee in filter(None, (c.strip().lstrip("%") for c in group.split(","))):
+        calls[callee].append((current, 1))
+  if entry is None:
+    return {}
+  runs: dict[str, int] = {entry: 1}
+
+  def count(name: str, seen: frozenset) -> int:
+    if name not in runs:
+      runs[name] = sum(count(caller, seen | {name}) * factor
+                       for caller, factor in calls.get(name, ()) if caller not in seen)
+    return runs[name]
+
+  for name in list(calls):
+    count(name, frozenset())
+  return runs
+
+
+def collective_bytes(hlo_text: str) -> dict[str, dict[str, float]]:
+  """{kind: {dtype: bytes}} of the collectives in ``hlo_text``, each times its computation's runs per step (see
+  the module docstring)."""
+  out = {k: collections.Counter() for k in KINDS}
+  runs = computation_runs(hlo_text)
+  current = None
+  for line in hlo_text.splitlines():
+    c = _COMPUTATION.match(line)
+    if c:
+      current = c.group(2)
+      continue
     m = _LINE.match(line)
     if not m:
       continue
@@ -77,8 +124,9 @@ def collective_bytes(hlo_text: str) -> dict[str, dict[str, float]]:
       arrays = _arrays(type_text)
     else:  # reduce-scatter / all-to-all / collective-permute: the operand is the full-size side
       arrays = _operand_arrays(line, type_text, op)
+    times = runs.get(current, 1) if runs else 1
     for dtype, nbytes in arrays:
-      out[kind][dtype] += nbytes
+      out[kind][dtype] += nbytes * times
   return {k: dict(v) for k, v in out.items()}
 
 

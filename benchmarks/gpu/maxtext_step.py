@@ -52,6 +52,9 @@ import child_rows  # pylint: disable=wrong-import-position
 # CPU host), so the deviceless step uses XLA's dot-product attention, as the MoE proxy recipe does.
 _8B = dict(model_name="llama3-8b", override_model_config="true", base_num_decoder_layers=4,
            max_target_length=4096, per_device_batch_size=2, attention="dot_product", scan_layers="false")
+# All 32 layers in MaxText's own layer loop (scan_layers=true, its default): collectives.py counts the loop body's
+# collectives once per layer (the loop's trip count); hlo_traffic's GEMM / other GiB count the body once.
+_8B_ALL = {**_8B, "base_num_decoder_layers": "32", "scan_layers": "true"}
 _MOE = dict(base_num_decoder_layers=4)
 # The CPU demo's model (recipes/demo_base.yml: llama2-style, 4 layers, emb 128, mlp 512, seq 256, pdbs 4),
 # on synthetic data (the demo's own data is built by ``prepare-data``).
@@ -66,6 +69,11 @@ PROGRAMS = {
     "step_8b4l_fp8": ("the same, quantization=fp8 (MaxText's own)", "base", {**_8B, "quantization": "fp8"}),
     "step_8b4l_nvfp4": ("the same, nvfp4 emulated, full recipe", "base",
                         {**_8B, "quantization": "nvfp4", "nvfp4_backend": "emulate"}),
+    "step_8b_bf16": ("MaxText step, Llama 3 8B shape, all 32 layers (scan_layers=true), seq 4096, pdbs 2, bf16",
+                     "base", {**_8B_ALL, "quantization": ""}),
+    "step_8b_fp8": ("the same, quantization=fp8 (MaxText's own)", "base", {**_8B_ALL, "quantization": "fp8"}),
+    "step_8b_nvfp4": ("the same, nvfp4 emulated, full recipe", "base",
+                      {**_8B_ALL, "quantization": "nvfp4", "nvfp4_backend": "emulate"}),
     "step_moe_bf16": ("MaxText step, one-GPU MoE proxy (recipes/proxy_1gpu_moe_*), 4 layers, bf16",
                       "maxtext_nvfp4/recipes/proxy_1gpu_moe_base.yml", {**_MOE, "quantization": ""}),
     "step_moe_fp8": ("the same, quantization=fp8 (MaxText's own, its expert einsums too)",
@@ -191,6 +199,10 @@ def main(argv=None) -> int:
 
   if a.devices < 1:
     p.error(f"--devices {a.devices}: need at least 1")
+  if a.hlo_dir:
+    if os.path.exists(a.hlo_dir) and not os.path.isdir(a.hlo_dir):
+      p.error(f"--hlo-dir {a.hlo_dir}: a file, not a folder")
+    os.makedirs(a.hlo_dir, exist_ok=True)
   print(f"{deviceless.HEADLINE}; target {a.spec} x {a.devices}", flush=True)
 
   def row_of(name: str, run: child_rows.ChildRun) -> dict:

@@ -197,3 +197,32 @@ def test_te_scope_under_fsdp_gathers_no_activation_or_gradient():
   assert got.get("bf16", 0) <= 2 * w_bytes, (got, w_bytes)
   unplaced, _ = _te_scope_step_gathers(token_axes_known=False)
   assert unplaced.get("bf16", 0) > 4 * w_bytes, (unplaced, w_bytes)
+
+
+def test_collectives_in_a_layer_loop_count_once_per_layer():
+  """A scanned stack of FSDP-sharded layers (MaxText's scan_layers=true) compiled for 8 compile-only H200s: XLA:GPU
+  gathers each layer's weight inside the loop body, and collectives.py counts that gather once per layer (the
+  loop's known_trip_count), so the step's all-gather bytes are every layer's weight, forward and backward."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+
+  import collectives  # pylint: disable=import-outside-toplevel
+
+  devs = deviceless.devices("h200", topology="1x8x1")
+  mesh = Mesh(devs, ("fsdp",), axis_types=(AxisType.Auto,))
+  layers, e = 12, 1024
+
+  def loss(w, x):
+    def layer(h, wi):
+      return jnp.tanh(h @ wi), None
+    return jnp.sum(jax.lax.scan(layer, x, w)[0].astype(jnp.float32))
+
+  ws = NamedSharding(mesh, P(None, "fsdp", None))
+  args = (jax.ShapeDtypeStruct((layers, e, e), jnp.bfloat16, sharding=ws),
+          jax.ShapeDtypeStruct((64, e), jnp.bfloat16, sharding=NamedSharding(mesh, P("fsdp", None))))
+  with jax.set_mesh(mesh), jax.default_device(devs[0]):
+    text = jax.jit(jax.grad(loss), out_shardings=ws).trace(*args).lower().compile().as_text()
+  assert f'"known_trip_count":{{"n":"{layers}"}}' in text
+  per_layer = e * e * 2
+  got = collectives.collective_bytes(text)["all_gather"].get("bf16", 0)
+  assert got == 2 * layers * per_layer, (got / per_layer, layers)
