@@ -100,3 +100,12 @@ def test_docs_named_by_the_package_exist():
     named |= set(re.findall(r"docs/([A-Za-z0-9_]+\.md)", src.read_text(encoding="utf-8")))
   assert named, "the package names no doc at all: the pattern is wrong"
   assert sorted(n for n in named if not (ROOT / "docs" / n).is_file()) == []
+
+
+def test_every_config_key_has_a_row_in_the_usage_key_table():
+  """docs/usage.md's key table names every ``nvfp4_*`` key the plugin adds to MaxText's config (core/settings.py)."""
+  from maxtext_nvfp4.core import settings  # pylint: disable=import-outside-toplevel
+
+  rows = {m.group(1) for m in re.finditer(r"^\| `(nvfp4_\w+)` \|", (ROOT / "docs" / "usage.md").read_text(), re.M)}
+  missing = [k for k in settings.config_keys() if k not in rows]
+  assert not missing, f"docs/usage.md has no key-table row for {missing}"
