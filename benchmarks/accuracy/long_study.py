@@ -2,8 +2,12 @@
 the compare report with its drift section, the plots, and long/summary.json (the drift statistics and the
 early-warning findings, which tests/tools/test_drift.py recomputes from the copied files).
 
-  python benchmarks/accuracy/long_study.py --study /work/longrun/demo_s0      # copy + report + summary.json
-  python benchmarks/accuracy/long_study.py --study DIR --print                # also print the RESULTS.md table
+  python benchmarks/accuracy/long_study.py --study DIR [--out benchmarks/accuracy/long_sp] [--arms bf16,nvfp4] --print
+
+copies each arm's metrics (``<arm>.jsonl.gz``, gzip with no timestamp: the same bytes for the same records), writes
+the compare report and its figures (loss, drift, stability) and summary.json, and with ``--print`` prints the
+RESULTS.md table. ``--arms``: only these arms (e.g. the finished ones of a study still running). No path of this
+machine is written: the study is named by its folder's name.
 
 Pairs analysed: every arm against the study's first arm (the baseline, bf16 in the demo), and nvfp4 / nvfp4_switch
 against fp8 when present (NVIDIA's comparison). Steps: the steps each pair shares in the arms' merged metrics
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import gzip
 import json
 import os
 import shutil
@@ -59,24 +64,27 @@ def pair_summary(run, base) -> dict:
   return out
 
 
-def publish(study_dir: Path, out: Path = OUT) -> dict:
+def publish(study_dir: Path, out: Path = OUT, only: set[str] | None = None) -> dict:
   from maxtext_nvfp4.tools import compare, metrics  # pylint: disable=import-outside-toplevel
   sys.path.insert(0, str(HERE))
   from run_study import shrink_png  # pylint: disable=import-outside-toplevel
 
   spec = json.loads((study_dir / "study.json").read_text())
   state = json.loads((study_dir / "state.json").read_text())
+  spec = {**spec, **({"recipes_dir": Path(spec["recipes_dir"]).name} if spec.get("recipes_dir") else {})}
   out.mkdir(parents=True, exist_ok=True)
   arms = []
   for arm in spec["arms"]:
     src = study_dir / "arms" / arm / "metrics.jsonl"
-    if src.exists() and src.stat().st_size:
-      shutil.copyfile(src, out / f"{arm}.jsonl")
+    if (only is None or arm in only) and src.exists() and src.stat().st_size:
+      with open(src, "rb") as fin, open(out / f"{arm}.jsonl.gz", "wb") as raw, \
+          gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as fout:
+        shutil.copyfileobj(fin, fout)
       arms.append(arm)
-  runs = {a: metrics.read(out / f"{a}.jsonl", name=a) for a in arms}
+  runs = {a: metrics.read(out / f"{a}.jsonl.gz", name=a) for a in arms}
   summary = {
       "written": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M}Z",
-      "study": str(study_dir), "spec": spec,
+      "study": study_dir.name, "spec": spec, "published_arms": arms,
       "arms": {a: {k: state["arms"][a].get(k) for k in ("steps_done", "chunks", "wall_s", "status", "last_loss",
                                                           "rechecked_steps", "mismatched_steps")}
                for a in spec["arms"]},
@@ -89,9 +97,9 @@ def publish(study_dir: Path, out: Path = OUT) -> dict:
   if len(arms) >= 2:
     cmp_dir = study_dir / "compare"
     with open(os.devnull, "w", encoding="utf8") as sink:
-      compare.run_compare([f"{a}={out / (a + '.jsonl')}" for a in arms], out=str(cmp_dir),
+      compare.run_compare([f"{a}={out / (a + '.jsonl.gz')}" for a in arms], out=str(cmp_dir),
                           label=f"long study {study_dir.name}: {', '.join(arms)}", stream=sink)
-    for name in ("loss", "drift"):
+    for name in ("loss", "drift", "stability"):
       if (cmp_dir / f"{name}.png").exists():
         shrink_png(cmp_dir / f"{name}.png", out / f"{name}.png")
     shutil.copyfile(cmp_dir / "report.md", out / "report.md")
@@ -122,8 +130,9 @@ def main(argv=None) -> int:
   ap.add_argument("--study", required=True, help="the study directory (maxtext-nvfp4 study DIR)")
   ap.add_argument("--out", default=str(OUT), help="where to publish (default benchmarks/accuracy/long)")
   ap.add_argument("--print", action="store_true", help="print the RESULTS.md table")
+  ap.add_argument("--arms", help="comma list: publish only these arms (default: every arm with metrics)")
   a = ap.parse_args(argv)
-  s = publish(Path(a.study).absolute(), Path(a.out))
+  s = publish(Path(a.study).absolute(), Path(a.out), None if not a.arms else set(a.arms.split(",")))
   print(f"wrote {a.out}: " + ", ".join(sorted(os.listdir(a.out))))
   if a.print:
     print(table(s))

@@ -27,6 +27,7 @@ Reading errors are :class:`InputError`, one line naming the path and the fix.
 
 from __future__ import annotations
 
+import gzip
 import dataclasses
 import json
 import math
@@ -149,9 +150,15 @@ def read(path: str | os.PathLike, *, name: str | None = None, strict: bool = Tru
     if not f.is_file():
       raise InputError(f"{f}: not a regular file; pass a MaxText metrics_file (JSON lines)")
     try:
-      text = f.read_text(encoding="utf8", errors="replace")
-    except OSError as e:
-      raise InputError(f"{f}: cannot read ({e.strerror}); check its permissions") from None
+      if f.suffix == ".gz":  # a published metrics file (benchmarks/accuracy/long_sp/*.jsonl.gz)
+        with gzip.open(f, "rt", encoding="utf8", errors="replace") as fh:
+          text = fh.read()
+      else:
+        text = f.read_text(encoding="utf8", errors="replace")
+    except (OSError, EOFError) as e:
+      why = getattr(e, "strerror", None)
+      raise InputError(f"{f}: cannot read ({why}); check its permissions" if why else
+                       f"{f}: cannot read ({e}); a .gz metrics file must be gzip-compressed JSON lines") from None
     first_kind = None  # "train" | "eval" of the file's first record
     first_train = None
     for lineno, line in enumerate(text.splitlines(), 1):

@@ -231,15 +231,18 @@ def _long_study_module():
   return mod, path.parent
 
 
-def test_the_recorded_long_runs_say_what_results_md_says():
-  """The rule on the recorded long-study arms (benchmarks/accuracy/long/*.jsonl) gives the findings of
-  long/summary.json, whose table is the one in RESULTS.md: change the rule or the data and this fails until
-  the published text is regenerated."""
+@pytest.mark.parametrize("folder", ["long", "long_sp"])
+def test_the_recorded_long_runs_say_what_results_md_says(folder):
+  """The rule on the recorded long-study arms (benchmarks/accuracy/<folder>/<arm>.jsonl[.gz]) gives the findings of
+  <folder>/summary.json, whose table is the one in RESULTS.md: change the rule or the data and this fails until
+  the published text is regenerated. long: issue 29's study on the repeating corpus; long_sp: issue 49's on the
+  non-repeating one."""
   long_study, here = _long_study_module()
-  summary = json.loads((here / "long" / "summary.json").read_text())
+  summary = json.loads((here / folder / "summary.json").read_text())
   assert summary["pairs"], "no pair of arms recorded"
-  runs = {a: metrics.read(here / "long" / f"{a}.jsonl", name=a) for a in summary["arms"]
-          if (here / "long" / f"{a}.jsonl").exists()}
+  files = {a: next((here / folder / f"{a}{ext}" for ext in (".jsonl", ".jsonl.gz")
+                    if (here / folder / f"{a}{ext}").exists()), None) for a in summary["arms"]}
+  runs = {a: metrics.read(f, name=a) for a, f in files.items() if f is not None}
   for p in summary["pairs"]:
     got = long_study.pair_summary(runs[p["run"]], runs[p["baseline"]])
     assert (got["common_steps"], got["warnings"], got["first_warning_step"]) == \

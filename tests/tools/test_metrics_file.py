@@ -104,3 +104,23 @@ def test_run_with_eval_keeps_every_training_step(tmp_path):
   # and the package's reader takes it as complete: no truncation note, every step, both evals
   run = metrics.read(os.path.join(str(tmp_path), "ev.jsonl"))
   assert run.warnings == () and run.sorted_steps == list(range(steps)) and sorted(run.evals) == [0, 2]
+
+
+def test_a_gzipped_metrics_file_reads_as_the_plain_one(tmp_path):
+  """Published study arms are stored as <arm>.jsonl.gz: the same records as the plain file; a .gz that is not gzip
+  is one InputError line naming the file."""
+  import gzip  # pylint: disable=import-outside-toplevel
+
+  lines = [json.dumps({"step": s, "learning/loss": 5.0 - s / 10, "perf/step_time_seconds": 0.5}) for s in range(5)]
+  plain = tmp_path / "a.jsonl"
+  plain.write_text("\n".join(lines) + "\n")
+  packed = tmp_path / "a.jsonl.gz"
+  with gzip.open(packed, "wt", encoding="utf8") as f:
+    f.write("\n".join(lines) + "\n")
+  assert metrics.read(packed, name="a").steps == metrics.read(plain, name="a").steps
+  assert len(metrics.read(packed, name="a").steps) == 5
+  bad = tmp_path / "b.jsonl.gz"
+  bad.write_text(lines[0])
+  with pytest.raises(metrics.InputError) as e:
+    metrics.read(bad)
+  assert str(bad) in str(e.value) and "\n" not in str(e.value) and "gzip" in str(e.value)
