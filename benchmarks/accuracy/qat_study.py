@@ -1,16 +1,23 @@
 """Does NVFP4 QAT close the W4A4 serving gap? The CPU fine-tuning demo, every arm from one bf16 checkpoint.
 
-    python benchmarks/accuracy/qat_study.py [--seeds 0 1 2] [--steps 40] [--arms bf16 full forward serving]
+    python benchmarks/accuracy/qat_study.py [--seeds 0 1 2] [--steps 40] [--arms bf16 full forward serving qad kd_bf16]
+                                            [--family dense|moe]
                                             [--out runs/qat_study] [--eval-batches 8]
 
 Run from a directory with ``data/embedded`` and ``data/embedded_sft`` (``maxtext-nvfp4 prepare-data``,
 ``prepare-sft-data``) and the demo checkpoint (``python -m maxtext_nvfp4.train demo_bf16
-enable_checkpointing=true``). Each arm fine-tunes with ``python -m maxtext_nvfp4.sft`` (``sft_demo_bf16`` for
+enable_checkpointing=true``; ``--family moe``: ``demo_moe_bf16`` and the ``sft_demo_moe_*`` /
+``distill_demo_moe_nvfp4`` recipes). Each arm fine-tunes with ``python -m maxtext_nvfp4.sft`` (``sft_demo_bf16`` for
 ``bf16``, ``sft_demo_nvfp4 nvfp4_qat=<arm>`` otherwise; ``nvfp4_seed`` and ``data_shuffle_seed`` = the seed),
 then ``maxtext-nvfp4 eval-quantized`` gives the eval loss of its last checkpoint served in bf16, NVFP4 W4A16 and
 NVFP4 W4A4 (the export's weights and, for W4A4, per-token activations: what ``export`` + the consumers' decode
-compute). ``bf16`` -> W4A4 is post-training quantization (PTQ). ``qad`` (``distill_demo_nvfp4``) is an arm when
-Tunix is installed. Prints one table (mean and spread over seeds) and writes ``<out>/study.json``.
+compute). ``bf16`` -> W4A4 is post-training quantization (PTQ). ``qad`` (``distill_demo_nvfp4``: the NVFP4
+student distilled from the bf16 teacher, the same data and steps) is an arm when Tunix is installed, and
+``kd_bf16`` its control (the same distillation with a bf16 student, then PTQ). An arm whose
+``<out>/<arm>_s<seed>.eval.json`` exists is read, not run again (run it again after an interruption);
+``<out>/study.json`` is rewritten after each arm. Prints one table: per arm the mean and spread (max - min) over
+seeds of each served loss, its W4A4 minus its own bf16, and its W4A4 minus PTQ's (the ``bf16`` arm's) W4A4 paired
+by seed.
 """
 
 from __future__ import annotations
@@ -32,19 +39,25 @@ def _run(cmd: list[str], log: str) -> None:
     raise SystemExit(f"qat_study: {' '.join(cmd)} failed (exit {rc}); see {log}")
 
 
-def arm(name: str, seed: int, steps: int, out: str, eval_batches: int) -> dict:
+def arm(name: str, seed: int, steps: int, out: str, eval_batches: int, family: str = "dense") -> dict:
   run = f"{name}_s{seed}"
+  m = "" if family == "dense" else f"{family}_"  # sft_demo_moe_nvfp4, distill_demo_moe_nvfp4, ...
   common = [f"run_name={run}", f"base_output_directory={out}", f"metrics_file={out}/{run}.jsonl", f"steps={steps}",
             f"data_shuffle_seed={seed}"]
   if name == "bf16":
-    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", "sft_demo_bf16", *common]
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", f"sft_demo_{m}bf16", *common]
   elif name == "qad":
-    cmd = [sys.executable, "-m", "maxtext_nvfp4.distill", "distill_demo_nvfp4", *common, f"nvfp4_seed={seed}"]
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.distill", f"distill_demo_{m}nvfp4", *common, f"nvfp4_seed={seed}"]
+  elif name == "kd_bf16":  # QAD's control: the same distillation with a bf16 student, then PTQ
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.distill", f"distill_demo_{m}nvfp4", *common, "quantization="]
   else:
-    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", "sft_demo_nvfp4", *common, f"nvfp4_qat={name}",
+    cmd = [sys.executable, "-m", "maxtext_nvfp4.sft", f"sft_demo_{m}nvfp4", *common, f"nvfp4_qat={name}",
            f"nvfp4_seed={seed}"]
-  _run(cmd, f"{out}/{run}.train.log")
   result = f"{out}/{run}.eval.json"
+  if os.path.exists(result):
+    with open(result, encoding="utf-8") as f:
+      return json.load(f)["losses"]
+  _run(cmd, f"{out}/{run}.train.log")
   _run([sys.executable, "-m", "maxtext_nvfp4.tools.cli", "eval-quantized", f"{out}/{run}/checkpoints",
         *[a for m in MODES for a in ("--mode", m)], "--eval-batches", str(eval_batches), "--json", result],
        f"{out}/{run}.eval.log")
@@ -59,22 +72,38 @@ def main(argv=None) -> int:
   p.add_argument("--arms", nargs="+", default=["bf16", "full", "forward", "serving"])
   p.add_argument("--out", default=os.path.join("runs", "qat_study"))
   p.add_argument("--eval-batches", type=int, default=8)
+  p.add_argument("--family", choices=("dense", "moe"), default="dense",
+                 help="dense: the sft_demo_* / distill_demo_nvfp4 recipes from runs/demo_bf16; moe: sft_demo_moe_* /"
+                      " distill_demo_moe_nvfp4 from runs/demo_moe_bf16")
   args = p.parse_args(argv)
   out = os.path.abspath(args.out)
   os.makedirs(out, exist_ok=True)
-  losses = {a: {s: arm(a, s, args.steps, out, args.eval_batches) for s in args.seeds} for a in args.arms}
-  with open(os.path.join(out, "study.json"), "w", encoding="utf-8") as f:
-    json.dump({"steps": args.steps, "seeds": args.seeds, "losses": losses}, f, indent=1)
-  print(f"eval loss (mean over seeds {args.seeds}; spread = max - min), {args.steps} SFT steps")
-  print(f"{'arm':<10}" + "".join(f"{m:>22}" for m in MODES) + f"{'W4A4 - bf16 serve':>20}")
+  losses: dict = {a: {} for a in args.arms}
+  for seed in args.seeds:  # seed by seed: an interrupted study has whole seeds
+    for a in args.arms:
+      losses[a][seed] = arm(a, seed, args.steps, out, args.eval_batches, args.family)
+      with open(os.path.join(out, "study.json"), "w", encoding="utf-8") as f:
+        json.dump({"steps": args.steps, "seeds": args.seeds, "losses": losses}, f, indent=1)
+  print(table(losses, args.seeds, args.steps))
+  return 0
+
+
+def table(losses: dict, seeds: list[int], steps: int) -> str:
+  """The study's table (module docstring); the PTQ column needs the ``bf16`` arm."""
+  ptq = losses.get("bf16")
+  lines = [f"eval loss (mean over seeds {seeds}; spread = max - min), {steps} SFT steps",
+           f"{'arm':<10}" + "".join(f"{m:>22}" for m in MODES) + f"{'W4A4 - own bf16':>18}{'W4A4 - PTQ W4A4':>30}"]
   for a, per_seed in losses.items():
     cells = []
     for m in MODES:
-      v = [per_seed[s][m] for s in args.seeds]
+      v = [per_seed[s][m] for s in seeds]
       cells.append(f"{statistics.mean(v):>14.4f} ±{max(v) - min(v):>6.4f}")
-    gap = [per_seed[s]["nvfp4-w4a4"] - per_seed[s]["bf16"] for s in args.seeds]
-    print(f"{a:<10}" + "".join(f"{c:>22}" for c in cells) + f"{statistics.mean(gap):>+20.4f}")
-  return 0
+    gap = [per_seed[s]["nvfp4-w4a4"] - per_seed[s]["bf16"] for s in seeds]
+    vs_ptq = "" if ptq is None else (
+        lambda d: f"{statistics.mean(d):+.4f} [{min(d):+.4f}, {max(d):+.4f}]")(
+            [per_seed[s]["nvfp4-w4a4"] - ptq[s]["nvfp4-w4a4"] for s in seeds])
+    lines.append(f"{a:<10}" + "".join(f"{c:>22}" for c in cells) + f"{statistics.mean(gap):>+18.4f}{vs_ptq:>30}")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ RUNNABLE = [
     "demo_moe_bf16", "demo_moe_nvfp4", "proxy_1gpu_moe_fp8", "proxy_1gpu_moe_nvfp4",
     "demo_qwen3_bf16", "demo_qwen3_nvfp4",
     "sft_demo_bf16", "sft_demo_nvfp4", "distill_demo_nvfp4",
+    "sft_demo_moe_bf16", "sft_demo_moe_nvfp4", "distill_demo_moe_nvfp4",
 ]
 ARCH_KEYS = ("base_emb_dim", "base_num_query_heads", "base_num_kv_heads", "base_num_decoder_layers", "base_mlp_dim",
              "head_dim", "vocab_size", "enable_dropout", "logits_via_embedding", "normalization_layer_epsilon",
