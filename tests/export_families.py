@@ -6,6 +6,7 @@ compile); shared by tests/tools/test_export.py and tests/peers/test_serving_orac
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -129,3 +130,34 @@ def make(family: str, out_dir: str, seed: int = 0, **extra) -> dict:
   params = init_params(config, seed)
   ckpt = save_checkpoint(params, os.path.join(out_dir, family, "checkpoints"))
   return {"ckpt": ckpt, "overrides": args, "config": config, "params": params}
+
+
+def as_training_checkpoint(ckpt_dir: str, step: int = 0) -> None:
+  """:func:`save_checkpoint` writes the params item with Orbax's PyTreeCheckpointer (its metadata inside ``items``);
+  MaxText's load_parameters_path reads a step folder as its checkpoint manager writes it, naming ``items``."""
+  step_dir = os.path.join(ckpt_dir, str(step))
+  os.remove(os.path.join(step_dir, "items", "_CHECKPOINT_METADATA"))
+  with open(os.path.join(step_dir, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
+    json.dump({"item_handlers": {"items": "orbax.checkpoint.experimental.v1._src.handlers.pytree_handler.PyTreeHandler"},
+               "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": 1, "commit_timestamp_nsecs": 2,
+               "custom_metadata": {"scan_layers": False}}, f)
+
+
+def merged_args(made_overrides: list[str], **extra) -> list[str]:
+  """``key=value`` arguments: a family's overrides with ``extra`` on top (bools as MaxText spells them; None drops)."""
+  keys = dict(a.split("=", 1) for a in made_overrides)
+  keys.update({k: (str(v).lower() if isinstance(v, bool) else v) for k, v in extra.items()})
+  return [f"{k}={v}" for k, v in keys.items() if v is not None]
+
+
+def fine_tune(made: dict, out_dir: str, run_name: str, **keys) -> str:
+  """``python -m maxtext_nvfp4.sft`` (MaxText's SFT, in this process) from :func:`make`'s checkpoint, with ``keys``;
+  returns the run's checkpoints folder (step 0 and the last step)."""
+  from maxtext_nvfp4.tools import posttrain  # pylint: disable=import-outside-toplevel
+
+  as_training_checkpoint(made["ckpt"])
+  rc = posttrain.sft_main(merged_args(made["overrides"], run_name=run_name, base_output_directory=out_dir,
+                                      load_parameters_path=made["ckpt"],
+                                      metrics_file=os.path.join(out_dir, f"{run_name}.jsonl"), **keys))
+  assert rc == 0, f"sft {run_name} exited {rc}"
+  return os.path.join(out_dir, run_name, "checkpoints")

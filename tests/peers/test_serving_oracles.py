@@ -4,7 +4,8 @@ our exports of every family below, in both formats.
 One module-scoped fixture makes a tiny checkpoint per family without training (MaxText's own init shapes,
 seeded values: tests/export_families.py; an export needs no NVFP4-*trained* weights, only the run's config
 -- llama2 is exported as a ``quantization=nvfp4`` run with its last layer kept in bf16, so the exclusion
-path is checked too), exports it with ``maxtext-nvfp4 export`` in both formats (the ModelOpt one sharded),
+path is checked too; ``llama2_qat`` is what a user ships after NVFP4 QAT: llama2's checkpoint fine-tuned 2
+steps by MaxText's SFT in ``nvfp4_qat=serving`` and exported from that run's own record), exports it with ``maxtext-nvfp4 export`` in both formats (the ModelOpt one sharded),
 and runs ``peer_side/serving_run.py`` once for all of them. The checks are functions of
 ``(exported dir, family)`` plus the peers' answers:
 
@@ -68,7 +69,12 @@ import export_families
 import peer_support
 
 FAMILIES = {"llama2": {"quantization": "nvfp4", "nvfp4_keep_last_layers": 1}, "qwen3": {}, "qwen3_moe": {},
-            "mixtral": {}, "gemma": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}, "olmo3": {}, "llama4": {}}
+            "mixtral": {}, "gemma": {}, "gemma2": {}, "gemma3": {}, "deepseek": {}, "olmo3": {}, "llama4": {},
+            "llama2_qat": {}}
+# Exported after NVFP4 QAT: the family's tiny checkpoint fine-tuned by MaxText's SFT (python -m maxtext_nvfp4.sft)
+# in the serving-matched forward, 2 steps, then exported from the fine-tuned run's own record.
+QAT = {"llama2_qat": ("llama2", dict(quantization="nvfp4", nvfp4_qat="serving", steps=2, enable_checkpointing=True,
+                                     async_checkpointing=False, checkpoint_period=100, learning_rate=1e-2))}
 MOE = ("qwen3_moe", "mixtral", "deepseek")  # transformers fuses their experts
 LOGITS_RTOL = 1e-5  # of max |logits|; see the module docstring
 
@@ -124,7 +130,13 @@ def exports(tmp_path_factory):
   jobs, made = [], {}
   for family, extra in FAMILIES.items():
     out = os.path.join(work, family)
-    d = export_families.make(family, out, **extra)
+    base, qat = QAT.get(family, (family, None))
+    d = export_families.make(base, out, **extra)
+    initial = None
+    if qat is not None:  # the fine-tuned run's checkpoint; its run record holds the keys
+      items = checkpoint.find_items(d["ckpt"])
+      initial = hf_conversion.to_hf(items, d["config"], model_shapes.check(items, d["config"])).tensors
+      d = {**d, "ckpt": export_families.fine_tune(d, out, "qat", **qat), "overrides": []}
     dirs = {}
     for fmt, shard in (("modelopt", ["--max-shard-size", "64KB"]), ("compressed-tensors", [])):
       dirs[fmt] = os.path.join(out, f"hf_{fmt}")
@@ -138,7 +150,7 @@ def exports(tmp_path_factory):
     np.save(os.path.join(out, "tokens.npy"), tokens)
     jobs.append({"family": family, "modelopt": dirs["modelopt"], "compressed_tensors": dirs["compressed-tensors"],
                  "trained": trained, "tokens": os.path.join(out, "tokens.npy")})
-    made[family] = {"dirs": dirs, "model": model, "tokens": tokens, "source": d}
+    made[family] = {"dirs": dirs, "model": model, "tokens": tokens, "source": d, "initial": initial}
   answers = run_serving_peer(jobs, work)
   for family, (peer, report) in answers.items():
     made[family].update(peer=peer, report=report)
@@ -221,6 +233,18 @@ def test_modelopt_quantizer_reproduces_the_export(exports, family):
       assert "model.layers.1.self_attn.q_proj" in json.load(f)["quantization"]["exclude_modules"]
   else:  # bf16 runs: every decoder linear (experts included), routers excluded
     assert names == sorted(e["model"].trained_nvfp4)
+
+
+def test_the_qat_export_holds_the_fine_tuned_weights(exports):
+  """The QAT case is not a plain export: every NVFP4 linear's fp32 master weight moved during the fine-tuning
+  (the checks above then read those weights), and the export names the run's nvfp4 quantization."""
+  for family in QAT:
+    e = exports[family]
+    before = e["initial"]
+    names = nvfp4_linears(read_export(e["dirs"]["modelopt"]))
+    assert len(names) == 14, names  # 2 layers x q, k, v, o, gate, up, down: no layer kept in bf16
+    moved = [n for n in names if not np.array_equal(e["model"].tensors[n + ".weight"], before[n + ".weight"])]
+    assert moved == names, sorted(set(names) - set(moved))
 
 
 @pytest.mark.parametrize("family", FAMILIES)

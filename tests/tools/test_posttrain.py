@@ -13,7 +13,6 @@ exported. Checked:
 The other modes' GEMMs are checked in tests/core/test_serving_gemm.py (full is pre-training's path).
 """
 
-import json
 import os
 
 import numpy as np
@@ -30,27 +29,14 @@ SFT = dict(quantization="nvfp4", nvfp4_qat="serving", steps=2, enable_checkpoint
 
 
 def _args(tiny, **extra):
-  keys = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in tiny["overrides"]}
-  keys.update({k: (str(v).lower() if isinstance(v, bool) else v) for k, v in extra.items()})
-  return [f"{k}={v}" for k, v in keys.items() if v is not None]
-
-
-def _as_training_checkpoint(ckpt_dir: str, step: int = 0) -> None:
-  """export_families saves the params item with Orbax's PyTreeCheckpointer (its metadata inside ``items``);
-  MaxText's load_parameters_path reads a step folder as its checkpoint manager writes it, naming ``items``."""
-  step_dir = os.path.join(ckpt_dir, str(step))
-  os.remove(os.path.join(step_dir, "items", "_CHECKPOINT_METADATA"))
-  with open(os.path.join(step_dir, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
-    json.dump({"item_handlers": {"items": "orbax.checkpoint.experimental.v1._src.handlers.pytree_handler.PyTreeHandler"},
-               "metrics": {}, "performance_metrics": {}, "init_timestamp_nsecs": 1, "commit_timestamp_nsecs": 2,
-               "custom_metadata": {"scan_layers": False}}, f)
+  return export_families.merged_args(tiny["overrides"], **extra)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("posttrain"))
   made = export_families.make(FAMILY, out, seed=0)
-  _as_training_checkpoint(made["ckpt"])
+  export_families.as_training_checkpoint(made["ckpt"])
   return {**made, "out": out}
 
 
