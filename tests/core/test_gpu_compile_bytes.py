@@ -226,3 +226,17 @@ def test_collectives_in_a_layer_loop_count_once_per_layer():
   per_layer = e * e * 2
   got = collectives.collective_bytes(text)["all_gather"].get("bf16", 0)
   assert got == 2 * layers * per_layer, (got / per_layer, layers)
+
+
+def test_gemm_prologue_takes_an_int8_convert_but_no_nvfp4_dequantize():
+  """Issue 51's first question, pinned at jax 0.12.0.1 (benchmarks/gpu/gemm_prologue.py; RESULTS.md): XLA:GPU's
+  Triton GEMM fusion reads an int8 W and converts it in its prologue (the control: nothing written before the
+  GEMM), but an NVFP4 dequantize (f4e2m1fn codes times E4M3 tile scales times the global scale) runs as its own
+  kernel that writes the bf16 W. A newer XLA that fuses it fails here: then the emulation can dequantize inside
+  the GEMM without a kernel of its own."""
+  import gemm_prologue  # pylint: disable=import-outside-toplevel
+
+  control = gemm_prologue.inspect("s8_convert", "h200", 512, 1024, 2048)
+  assert control["prologue"] and control["kernels"] == 1, control
+  nvfp4 = gemm_prologue.inspect("f4_convert_tile_scale", "h200", 512, 1024, 2048)
+  assert not nvfp4["prologue"] and nvfp4["w_written_by"] != "-", nvfp4
