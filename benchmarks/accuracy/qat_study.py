@@ -14,7 +14,8 @@ NVFP4 W4A4 (the export's weights and, for W4A4, per-token activations: what ``ex
 compute). ``bf16`` -> W4A4 is post-training quantization (PTQ). ``qad`` (``distill_demo_nvfp4``: the NVFP4
 student distilled from the bf16 teacher, the same data and steps) is an arm when Tunix is installed, and
 ``kd_bf16`` its control (the same distillation with a bf16 student, then PTQ). An arm whose
-``<out>/<arm>_s<seed>.eval.json`` exists is read, not run again (run it again after an interruption);
+``<out>/<arm>_s<seed>.eval.json`` exists is read, not run again (run it again after an interruption: an arm
+stopped before its eval runs again whole, its folder removed first);
 ``<out>/study.json`` is rewritten after each arm. Prints one table: per arm the mean and spread (max - min) over
 seeds of each served loss, its W4A4 minus its own bf16, and its W4A4 minus PTQ's (the ``bf16`` arm's) W4A4 paired
 by seed.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,8 @@ def arm(name: str, seed: int, steps: int, out: str, eval_batches: int, family: s
   if os.path.exists(result):
     with open(result, encoding="utf-8") as f:
       return json.load(f)["losses"]
+  if os.path.isdir(f"{out}/{run}"):  # an arm stopped before its eval: MaxText would resume its checkpoints
+    shutil.rmtree(f"{out}/{run}")     # instead of starting from the pre-trained one, so it runs again whole
   _run(cmd, f"{out}/{run}.train.log")
   _run([sys.executable, "-m", "maxtext_nvfp4.tools.cli", "eval-quantized", f"{out}/{run}/checkpoints",
         *[a for m in MODES for a in ("--mode", m)], "--eval-batches", str(eval_batches), "--json", result],
