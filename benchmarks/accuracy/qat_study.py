@@ -16,7 +16,8 @@ student distilled from the bf16 teacher, the same data and steps) is an arm when
 ``kd_bf16`` its control (the same distillation with a bf16 student, then PTQ). An arm whose
 ``<out>/<arm>_s<seed>.eval.json`` exists is read, not run again (run it again after an interruption: an arm
 stopped before its eval runs again whole, its folder removed first);
-``<out>/study.json`` is rewritten after each arm. Prints one table: per arm the mean and spread (max - min) over
+``<out>/study.json`` is rewritten after each arm. An arm the trainer refuses for the model (exit 2, one line:
+``nvfp4_qat=serving`` on routed experts) is left out and named in study.json's ``refused``. Prints one table: per arm the mean and spread (max - min) over
 seeds of each served loss, its W4A4 minus its own bf16, and its W4A4 minus PTQ's (the ``bf16`` arm's) W4A4 paired
 by seed.
 """
@@ -34,9 +35,17 @@ import sys
 MODES = ("bf16", "nvfp4-w4a16", "nvfp4-w4a4")
 
 
+class Refused(Exception):
+  """An arm the trainer refuses for this model (exit 2 and its one-line reason), e.g. nvfp4_qat=serving on routed
+  experts: the study goes on without it."""
+
+
 def _run(cmd: list[str], log: str) -> None:
   with open(log, "w", encoding="utf-8") as f:
     rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+  if rc == 2:
+    with open(log, encoding="utf-8") as f:
+      raise Refused(([l.strip() for l in f if l.strip()] or ["(no output)"])[-1])
   if rc != 0:
     raise SystemExit(f"qat_study: {' '.join(cmd)} failed (exit {rc}); see {log}")
 
@@ -83,11 +92,17 @@ def main(argv=None) -> int:
   out = os.path.abspath(args.out)
   os.makedirs(out, exist_ok=True)
   losses: dict = {a: {} for a in args.arms}
+  refused: dict = {}
   for seed in args.seeds:  # seed by seed: an interrupted study has whole seeds
-    for a in args.arms:
-      losses[a][seed] = arm(a, seed, args.steps, out, args.eval_batches, args.family)
+    for a in [a for a in args.arms if a not in refused]:
+      try:
+        losses[a][seed] = arm(a, seed, args.steps, out, args.eval_batches, args.family)
+      except Refused as e:
+        refused[a] = str(e)
+        losses.pop(a)
+        print(f"qat_study: arm {a} refused for this model, left out: {e}", file=sys.stderr)
       with open(os.path.join(out, "study.json"), "w", encoding="utf-8") as f:
-        json.dump({"steps": args.steps, "seeds": args.seeds, "losses": losses}, f, indent=1)
+        json.dump({"steps": args.steps, "seeds": args.seeds, "losses": losses, "refused": refused}, f, indent=1)
   print(table(losses, args.seeds, args.steps))
   return 0
 

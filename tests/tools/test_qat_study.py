@@ -39,3 +39,16 @@ def test_the_table_pairs_w4a4_with_ptq_by_seed():
   forward = next(line for line in text.splitlines() if line.startswith("forward"))
   assert "-0.0100" in forward and "+0.0100" in forward  # per seed: 5.01 - 5.02, 5.15 - 5.14
   assert forward.split()[-3] == "+0.0000"  # their mean
+
+
+def test_a_refused_arm_is_left_out_and_the_study_goes_on(tmp_path, monkeypatch):
+  """nvfp4_qat=serving on routed experts exits 2 with one line: the study records it and runs the other arms."""
+  def fake_arm(name, seed, steps, out, batches, family="dense"):
+    if name == "serving":
+      raise qat_study.Refused("maxtext-nvfp4 sft: error: nvfp4_qat=serving covers ... use nvfp4_qat=forward")
+    return _losses(5.0, 5.01, 5.02)
+  monkeypatch.setattr(qat_study, "arm", fake_arm)
+  assert qat_study.main(["--seeds", "0", "1", "--arms", "bf16", "serving", "forward", "--out", str(tmp_path),
+                         "--family", "moe"]) == 0
+  study = json.loads((tmp_path / "study.json").read_text())
+  assert sorted(study["losses"]) == ["bf16", "forward"] and "nvfp4_qat=forward" in study["refused"]["serving"]
