@@ -16,7 +16,7 @@ GEMM fusion:
 
 Per form: the kernels of the compiled program's entry computation, whether the GEMM fusion reads W's stored
 operand (a prologue: no bf16 W is written) or a bf16 W another kernel wrote, and XLA's temp memory (a bf16 W
-written before the GEMM shows up there as M*K... K*N*2 bytes). Compile-derived (``deviceless.HEADLINE``): no
+written before the GEMM shows up there as K*N*2 bytes). Compile-derived (``deviceless.HEADLINE``): no
 autotuning, so a real run could pick cuBLAS for the GEMM, which takes no prologue either.
 """
 
@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position
+import quantizer_hlo as qh  # noqa: E402  pylint: disable=wrong-import-position
 
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FORMS = ("s8_convert", "s8_convert_tile_scale", "f8_convert_scale", "f4_convert", "f4_convert_tile_scale",
@@ -79,20 +80,18 @@ def inspect(name: str, target: str, m: int, k: int, n: int) -> dict:
   dev = deviceless.devices(target)[0]
   with jax.default_device(dev):
     compiled = jax.jit(fn).trace(*args).lower().compile()
-  text = compiled.as_text()
-  entry = text[text.index("\nENTRY"):]
-  ins = {name: (op, [o.lstrip("%") for o in re.findall(r"%[\w.\-]+", operands)])
-         for name, op, operands in re.findall(r"%(\S+) = .*? ([a-z\-]+)\(([^)]*)\)", entry)}
+  comps, entry = qh.parse_computations(compiled.as_text())
+  ins = {i.name: i for i in comps[entry]}
 
   def source(name):  # through bitcasts and copies to the kernel (or parameter) that wrote the buffer
-    while ins.get(name, ("",))[0] in ("bitcast", "copy") and ins[name][1]:
-      name = ins[name][1][0]
+    while name in ins and ins[name].opcode in ("bitcast", "copy") and ins[name].operands:
+      name = ins[name].operands[0]
     return name
 
-  kernels = [n for n, (op, _) in ins.items() if op in ("fusion", "custom-call")]
+  kernels = [n for n, i in ins.items() if i.opcode in ("fusion", "custom-call")]
   gemm = [n for n in kernels if "gemm" in n or "dot" in n or "cublas" in n]
-  written_w = sorted({source(o) for g in gemm for o in ins[g][1]} - {n for n, (op, _) in ins.items()
-                                                                      if op == "parameter"})
+  written_w = sorted({source(o) for g in gemm for o in ins[g].operands}
+                     - {n for n, i in ins.items() if i.opcode == "parameter"})
   return dict(form=name, kernels=len(kernels), gemm=", ".join(gemm), w_written_by=", ".join(written_w) or "-",
               prologue=not written_w, temp_mib=round(compiled.memory_analysis().temp_size_in_bytes / 2**20, 1))
 
