@@ -136,6 +136,8 @@ def as_training_checkpoint(ckpt_dir: str, step: int = 0) -> None:
   """:func:`save_checkpoint` writes the params item with Orbax's PyTreeCheckpointer (its metadata inside ``items``);
   MaxText's load_parameters_path reads a step folder as its checkpoint manager writes it, naming ``items``."""
   step_dir = os.path.join(ckpt_dir, str(step))
+  if os.path.exists(os.path.join(step_dir, "_CHECKPOINT_METADATA")):  # already in the training layout
+    return
   os.remove(os.path.join(step_dir, "items", "_CHECKPOINT_METADATA"))
   with open(os.path.join(step_dir, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
     json.dump({"item_handlers": {"items": "orbax.checkpoint.experimental.v1._src.handlers.pytree_handler.PyTreeHandler"},

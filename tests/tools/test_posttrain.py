@@ -44,12 +44,9 @@ def tiny(tmp_path_factory):
 def served(tiny):
   from maxtext_nvfp4.integration import serving_layout  # pylint: disable=import-outside-toplevel
   from maxtext_nvfp4.tools import export  # pylint: disable=import-outside-toplevel
-  from maxtext_nvfp4.tools import posttrain  # pylint: disable=import-outside-toplevel
 
   serving_layout.SERVED.read(reset=True)
-  rc = posttrain.sft_main(_args(tiny, run_name="sft", load_parameters_path=tiny["ckpt"],
-                                metrics_file=os.path.join(tiny["out"], "sft.jsonl"), **SFT))
-  assert rc == 0
+  export_families.fine_tune(tiny, tiny["out"], "sft", **SFT)
   run = os.path.join(tiny["out"], "sft")
   hf = os.path.join(run, "hf")
   assert export.cli_main([os.path.join(run, "checkpoints"), "--out", hf, "--calibration-batches", "1",
