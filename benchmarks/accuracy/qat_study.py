@@ -118,9 +118,10 @@ def table(losses: dict, seeds: list[int], steps: int) -> str:
       v = [per_seed[s][m] for s in seeds]
       cells.append(f"{statistics.mean(v):>14.4f} ±{max(v) - min(v):>6.4f}")
     gap = [per_seed[s]["nvfp4-w4a4"] - per_seed[s]["bf16"] for s in seeds]
-    vs_ptq = "" if ptq is None else (
-        lambda d: f"{statistics.mean(d):+.4f} [{min(d):+.4f}, {max(d):+.4f}]")(
-            [per_seed[s]["nvfp4-w4a4"] - ptq[s]["nvfp4-w4a4"] for s in seeds])
+    vs_ptq = ""
+    if ptq is not None:
+      d = [per_seed[s]["nvfp4-w4a4"] - ptq[s]["nvfp4-w4a4"] for s in seeds]
+      vs_ptq = f"{statistics.mean(d):+.4f} [{min(d):+.4f}, {max(d):+.4f}]"
     lines.append(f"{a:<10}" + "".join(f"{c:>22}" for c in cells) + f"{statistics.mean(gap):>+18.4f}{vs_ptq:>30}")
   return "\n".join(lines)
 
