@@ -152,6 +152,12 @@ def merged_args(made_overrides: list[str], **extra) -> list[str]:
   return [f"{k}={v}" for k, v in keys.items() if v is not None]
 
 
+# A short NVFP4 QAT fine-tuning in the serving-matched forward (nvfp4_qat=serving) that leaves a checkpoint of its
+# last step to export: the keys test_posttrain and the peers stage fine-tune a tiny checkpoint with.
+SERVING_QAT = dict(quantization="nvfp4", nvfp4_qat="serving", steps=2, enable_checkpointing=True,
+                   async_checkpointing=False, checkpoint_period=100, learning_rate=1e-2)
+
+
 def fine_tune(made: dict, out_dir: str, run_name: str, **keys) -> str:
   """``python -m maxtext_nvfp4.sft`` (MaxText's SFT, in this process) from :func:`make`'s checkpoint, with ``keys``;
   returns the run's checkpoints folder (step 0 and the last step)."""

@@ -73,8 +73,7 @@ FAMILIES = {"llama2": {"quantization": "nvfp4", "nvfp4_keep_last_layers": 1}, "q
             "llama2_qat": {}}
 # Exported after NVFP4 QAT: the family's tiny checkpoint fine-tuned by MaxText's SFT (python -m maxtext_nvfp4.sft)
 # in the serving-matched forward, 2 steps, then exported from the fine-tuned run's own record.
-QAT = {"llama2_qat": ("llama2", dict(quantization="nvfp4", nvfp4_qat="serving", steps=2, enable_checkpointing=True,
-                                     async_checkpointing=False, checkpoint_period=100, learning_rate=1e-2))}
+QAT = {"llama2_qat": ("llama2", export_families.SERVING_QAT)}
 MOE = ("qwen3_moe", "mixtral", "deepseek")  # transformers fuses their experts
 LOGITS_RTOL = 1e-5  # of max |logits|; see the module docstring
 
@@ -236,8 +235,9 @@ def test_modelopt_quantizer_reproduces_the_export(exports, family):
 
 
 def test_the_qat_export_holds_the_fine_tuned_weights(exports):
-  """The QAT case is not a plain export: every NVFP4 linear's fp32 master weight moved during the fine-tuning
-  (the checks above then read those weights), and the export names the run's nvfp4 quantization."""
+  """The QAT case is not a plain export: all 14 linears are NVFP4 in it (the run's quantization, no layer kept in
+  bf16), and every one's fp32 master weight moved during the fine-tuning (the checks above then read those
+  weights)."""
   for family in QAT:
     e = exports[family]
     before = e["initial"]

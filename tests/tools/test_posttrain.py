@@ -24,8 +24,7 @@ from maxtext_helpers import read_metrics
 pytestmark = pytest.mark.slow
 
 FAMILY = "llama2"  # 2 layers, d=64, 4/2 heads of 32: the query's sqrt(32) export factor is not a power of two
-SFT = dict(quantization="nvfp4", nvfp4_qat="serving", steps=2, enable_checkpointing=True, async_checkpointing=False,
-           checkpoint_period=100, learning_rate=1e-2)
+SFT = export_families.SERVING_QAT
 
 
 def _args(tiny, **extra):
