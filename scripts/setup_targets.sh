@@ -6,9 +6,10 @@
 #                           B200, ... from its target spec: maxtext_nvfp4/backends/target_specs/)
 #   libtpu                  at jax's own pin (jax 0.12.0.1: libtpu==0.0.50.*), for compile-only TPU topologies
 #   Transformer Engine      2.20.2: the core wheel (transformer-engine-cu12), the Python package, and the JAX extension
-#                           built from its sdist with g++ (~4.3 CPU-minutes; the 1 MB built wheel is cached in
-#                           $MAXTEXT_NVFP4_CACHE/wheels, keyed on TE, Python and jax versions, and reused), with the
-#                           CUDA 12 library wheels TE's libraries link (cuBLAS, cuDNN, NCCL, the CUDA runtime, NVRTC)
+#                           built from its sdist with g++ at -O0 (~3 CPU-minutes; the built wheel is cached in
+#                           $MAXTEXT_NVFP4_CACHE/wheels, keyed on TE, Python and jax versions and the -O0, and reused),
+#                           with the CUDA 12 library wheels TE's libraries link (cuBLAS, cuDNN, NCCL, the CUDA runtime,
+#                           NVRTC)
 #
 # The venv is layered over ./.venv (a .pth adds .venv's site-packages, editable maxtext_nvfp4 included), so it holds
 # only the packages above: the user's .venv keeps no CUDA plugin (which prints "Unable to load cuDNN" tracebacks at
@@ -56,13 +57,19 @@ PIP=("$VENV/bin/python" -m pip install -q --no-compile --disable-pip-version-che
 # re-resolve jax); the JAX extension from the cache or built from the sdist.
 "${PIP[@]}" --no-deps "transformer-engine==$TE_VERSION" "transformer-engine-cu12==$TE_VERSION"
 pyver=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-wheels="$CACHE/wheels/te-$TE_VERSION-$pyver-jax$JAX_VERSION"
+wheels="$CACHE/wheels/te-$TE_VERSION-$pyver-jax$JAX_VERSION-O0"
 if ! ls "$wheels"/transformer_engine_jax-*.whl >/dev/null 2>&1; then
-  echo "[targets] building transformer-engine-jax $TE_VERSION from its sdist (g++, a few CPU-minutes)"
+  echo "[targets] building transformer-engine-jax $TE_VERSION from its sdist (g++ -O0, a few CPU-minutes)"
   tmp="$wheels.tmp.$$"
   rm -rf "$tmp"; mkdir -p "$tmp"
-  NVTE_BUILD_USE_NVIDIA_WHEELS=1 NVTE_FRAMEWORK=jax MAX_JOBS=$(nproc) "$VENV/bin/python" -m pip wheel -q \
-    --no-deps --no-build-isolation --disable-pip-version-check "transformer-engine-jax==$TE_VERSION" -w "$tmp"
+  # Compiled at -O0 rather than TE's -O3 (two thirds of the build's CPU; benchmarks/RESULTS.md): on these machines the
+  # extension's C++ only runs while a program is traced (its FFI handlers and workspace queries, never a kernel), so
+  # its speed does not matter. g++ takes the last -O it is given; TE's own flags come before the wrapper's.
+  printf '#!/bin/sh\nexec %s "$@" -O0\n' "${CXX:-g++}" > "$tmp/cxx-O0"; chmod +x "$tmp/cxx-O0"
+  NVTE_BUILD_USE_NVIDIA_WHEELS=1 NVTE_FRAMEWORK=jax MAX_JOBS=$(nproc) CC="$tmp/cxx-O0" CXX="$tmp/cxx-O0" \
+    "$VENV/bin/python" -m pip wheel -q --no-deps --no-build-isolation --disable-pip-version-check --no-cache-dir \
+    "transformer-engine-jax==$TE_VERSION" -w "$tmp"  # no pip cache: it may hold a wheel built at other flags
+  rm -f "$tmp/cxx-O0"
   rm -rf "$wheels"; mv "$tmp" "$wheels"  # whole or not at all: a killed build leaves no wheel behind
 fi
 "${PIP[@]}" --no-deps "$wheels"/transformer_engine_jax-*.whl

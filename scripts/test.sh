@@ -19,6 +19,25 @@ cd "$(dirname "$0")/.."
 # workers and each subprocess (benchmarks/RESULTS.md). The environments install with --no-compile, so the first
 # import writes the files.
 unset PYTHONDONTWRITEBYTECODE
+STAGES=${STAGES:-core e2e gpu te resume peers matrix}
+has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
+logs=.cache/test-logs
+# The builds run at the lowest priority while .venv installs and the core suite runs (they download and unpack in
+# their idle moments; those keep both cores), and at normal priority from the core suite's end on (renice below): at
+# nice 19 beside the lanes they starved, and the stages waiting for them started up to 10 min late (measured
+# 2026-12-05). CPU of each build on a fresh machine (benchmarks/RESULTS.md): targets ~265 s (TE's g++ build most of
+# it), peers ~136 s, matrix ~70 s. The peer and matrix environments need nothing from .venv, so they start before
+# it (.venv's install leaves one core idle most of its ~45 s); .venv-targets is layered over .venv, so it starts after.
+builds=()
+start_build() {  # start_build ENV: its exit status goes to a file (the lanes below are subshells, which cannot
+  # `wait` for this shell's children)
+  ( nice -n 19 bash "scripts/setup_$1.sh" > "$logs/setup_$1.log" 2>&1; echo $? > "$logs/setup_$1.rc" ) &
+  builds+=($!)
+}
+if [ "$#" -eq 0 ]; then
+  mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
+  for s in peers matrix; do has "$s" && start_build "$s"; done
+fi
 bash scripts/setup.sh || exit 1
 export JAX_PLATFORMS=cpu HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TF_CPP_MIN_LOG_LEVEL=3
 # Two workers on CI's 2 cores (up to 4 elsewhere); --dist loadfile keeps each test file, and so its
@@ -36,7 +55,6 @@ if [ "$#" -gt 0 ]; then
   XLA_FLAGS=$O0_XLA_FLAGS exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile --ignore=tests/peers \
     --ignore=tests/te "$@"
 fi
-STAGES=${STAGES:-core e2e gpu te resume peers matrix}
 # The e2e stage's files: each trains MaxText models end to end or starts processes with several devices (tens of
 # seconds to minutes per test). The core suite leaves them out, so that it stays a quick loop; they run after it.
 E2E=(tests/integration/test_moe_sparse.py tests/integration/test_reliability_checkpoint.py
@@ -46,24 +64,10 @@ E2E=(tests/integration/test_moe_sparse.py tests/integration/test_reliability_che
      tests/tools/test_export_families.py tests/tools/test_export.py tests/integration/test_train_e2e.py
      tests/integration/test_selective_precision.py tests/integration/test_reliability_nonfinite.py)
 E2E_IGNORE=(); for f in "${E2E[@]}"; do E2E_IGNORE+=("--ignore=$f"); done
-has() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
-logs=.cache/test-logs; mkdir -p "$logs"; rm -f "$logs"/*.xml "$logs"/*.rc "$logs"/*.out
 declare -A rc
 # the gpu and te stages share .venv-targets (compile-only targets: XLA:GPU's plugin, libtpu, Transformer Engine)
 env_of() { case $1 in gpu|te) echo targets ;; *) echo "$1" ;; esac; }
-# The builds run at the lowest priority while the core suite runs (they download and unpack in its idle moments;
-# the core suite keeps both cores), and at normal priority from its end on (renice below): at nice 19 beside the
-# lanes they starved, and the stages waiting for them started up to 10 min late (measured 2026-12-05).
-# CPU of each build on a fresh machine (benchmarks/RESULTS.md): targets ~375 s (TE's g++ build most of it),
-# peers ~136 s, matrix ~70 s.
-builds=()
-for s in peers matrix targets; do
-  # its exit status goes to a file: the lanes below are subshells, which cannot `wait` for this shell's children
-  if has "$s" || { [ "$s" = targets ] && { has gpu || has te; }; }; then
-    ( nice -n 19 bash "scripts/setup_$s.sh" > "$logs/setup_$s.log" 2>&1; echo $? > "$logs/setup_$s.rc" ) &
-    builds+=($!)
-  fi
-done
+{ has gpu || has te; } && start_build targets
 descendants() { local p; for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$p"; descendants "$p"; done; }
 builds_to_normal_priority() {  # lowering a nice value needs privileges: where it is refused, the builds stay at 19
   local b pids=()
