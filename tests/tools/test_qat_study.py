@@ -1,5 +1,6 @@
 """benchmarks/accuracy/qat_study.py without training: a finished arm is read from its eval.json (nothing runs), an
-interrupted arm's folder is removed before it runs again, and the table pairs each arm's W4A4 with PTQ's by seed."""
+interrupted arm's folder is removed before it runs again, the table pairs each arm's W4A4 with PTQ's by seed, and
+the published tables reprint from the published study files."""
 
 import importlib.util
 import json
@@ -52,3 +53,15 @@ def test_a_refused_arm_is_left_out_and_the_study_goes_on(tmp_path, monkeypatch):
                          "--family", "moe"]) == 0
   study = json.loads((tmp_path / "study.json").read_text())
   assert sorted(study["losses"]) == ["bf16", "forward"] and "nvfp4_qat=forward" in study["refused"]["serving"]
+
+
+@pytest.mark.parametrize("family", ["dense", "moe"])
+def test_the_published_tables_reprint_from_their_study_files(family):
+  """benchmarks/accuracy/RESULTS.md's QAT tables are what qat_study.table prints from the published study.json
+  (benchmarks/accuracy/qat/<family>_study.json, the study's own file): a number edited in either fails here."""
+  root = Path(__file__).resolve().parents[2] / "benchmarks" / "accuracy"
+  study = json.loads((root / "qat" / f"{family}_study.json").read_text())
+  losses = {arm: {int(seed): v for seed, v in per_seed.items()} for arm, per_seed in study["losses"].items()}
+  assert sorted(losses["bf16"]) == study["seeds"] == [0, 1, 2]
+  text = qat_study.table(losses, study["seeds"], study["steps"])
+  assert text in (root / "RESULTS.md").read_text(), text
