@@ -1,0 +1,141 @@
+"""Which implementation computes one NVFP4 GEMM ``cast((values(a) · values(b)) * alpha)`` (``gemm._nvfp4_dot``).
+
+Implementations (``implementation=``; for a whole run the environment variable ``MAXTEXT_NVFP4_GEMM_IMPL``, which
+the argument overrides):
+
+    "xla"     (the default, and the variable unset) ``reference()``: XLA's dot of the bf16 block values.
+    "triton"  the Pallas (Triton) GEMM of ``triton_dot.py``, compiled by Triton on XLA:GPU and run by Pallas's
+              interpreter elsewhere (the same products, for tests). A call it cannot take raises
+              :class:`GemmImplementationUnavailableError` naming why.
+    "auto"    the Triton GEMM where the program is lowered for XLA:GPU and it takes the call, the XLA dot
+              elsewhere; a call that leaves the kernel logs one line per run and reason (logger ``maxtext_nvfp4``,
+              INFO, process 0).
+
+The kernel takes a call with one operand an ``NVFP4Tensor`` (2D, one amax: its codes and scales are read) and the
+other bf16 block values (``quantize_values``' output), a scalar alpha, every dimension tiled by a power of two >= 16,
+a bf16 / fp16 / fp32 output, and no mesh: it is not partitioned yet (a ``pallas_call`` under the partitioner would
+have its operands gathered). The results agree with ``reference()`` up to the fp32 accumulation order
+(``tests/core/test_gemm_kernels.py``: bit for bit where every partial sum is exact).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from maxtext_nvfp4.core import compilers
+from maxtext_nvfp4.core.gemm_kernels import triton_dot
+from maxtext_nvfp4.core.quantizer.tensor import NVFP4Tensor
+
+IMPLEMENTATION_ENV = "MAXTEXT_NVFP4_GEMM_IMPL"
+IMPLEMENTATIONS = ("xla", "triton", "auto")
+_DEFAULT = "xla"
+_OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32))
+
+_log = logging.getLogger("maxtext_nvfp4")
+_lock = threading.Lock()
+_logged: set[str] = set()
+
+
+class GemmImplementationUnavailableError(ValueError):
+  """A forced GEMM implementation cannot compute this call (the message names the obstacle and the fix)."""
+
+
+def _requested(implementation: str | None) -> tuple[str, str]:
+  """``(request, source)``: one of :data:`IMPLEMENTATIONS` and what asked for it (named in errors)."""
+  if implementation is None:
+    env = os.environ.get(IMPLEMENTATION_ENV, "").strip()
+    if env == "":
+      return _DEFAULT, ""
+    if env not in IMPLEMENTATIONS:
+      raise ValueError(f"{IMPLEMENTATION_ENV}={env!r}: choose one of {IMPLEMENTATIONS} (or unset it: xla)")
+    return env, f"{IMPLEMENTATION_ENV}={env}"
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"implementation={implementation!r}: choose one of {IMPLEMENTATIONS}, or None")
+  return implementation, f"implementation={implementation!r}"
+
+
+def _operands(qa, qb, contract):
+  """``(values, values_axis, tensor, tensor_axis, values_first)`` when one operand is an NVFP4Tensor and the other
+  a ``(values, amax, bound)`` triple, else None."""
+  if isinstance(qa, NVFP4Tensor) and not isinstance(qb, NVFP4Tensor):
+    return qb[0], contract[1], qa, contract[0], False
+  if isinstance(qb, NVFP4Tensor) and not isinstance(qa, NVFP4Tensor):
+    return qa[0], contract[0], qb, contract[1], True
+  return None
+
+
+def refusal(qa, qb, contract, alpha, out_dtype) -> str | None:
+  """Why the Triton GEMM does not take this call (None: it does)."""
+  ops = _operands(qa, qb, contract)
+  if ops is None:
+    return "a GEMM whose operands are not one NVFP4Tensor and one block-values operand"
+  values, values_axis, tensor, tensor_axis, values_first = ops
+  if values.ndim != 2 or tensor.data.ndim != 2:
+    return "an operand that is not a 2D matrix (grouped amax blocks)"
+  if jnp.ndim(alpha) or jnp.ndim(tensor.amax):
+    return "a row-scaled operand (one alpha per output row or column)"
+  if values.dtype != jnp.bfloat16:
+    return f"{values.dtype} block values (the kernel reads bf16)"
+  if jnp.dtype(out_dtype) not in _OUT_DTYPES:
+    return f"a {jnp.dtype(out_dtype)} output"
+  if not tensor.block_2d and tensor.axis not in (0, 1):
+    return "an NVFP4Tensor without 16x16 tiles or 1x16 blocks along one of its axes"
+  k = values.shape[values_axis]
+  m, n = values.shape[1 - values_axis], tensor.data.shape[1 - tensor_axis]
+  if not values_first:
+    m, n = n, m
+  if triton_dot.blocks(m, n, k) is None:
+    return f"a {m}x{k}x{n} GEMM (every dimension needs a power-of-two tile >= 16 dividing it)"
+  if not jax.sharding.get_abstract_mesh().empty:
+    return "a GEMM traced under a mesh (the kernel is not partitioned yet)"
+  return None
+
+
+def _kernel(qa, qb, contract, alpha, out_dtype, interpret: bool):
+  values, values_axis, tensor, tensor_axis, values_first = _operands(qa, qb, contract)
+  return triton_dot.dot(
+      values, lax.bitcast_convert_type(tensor.data, jnp.uint4), lax.bitcast_convert_type(tensor.scale, jnp.uint8),
+      alpha, values_t=values_axis == 0, tensor_t=tensor_axis == 1, values_first=values_first,
+      scale_rows=tensor.block_2d or tensor.axis == 0, scale_cols=tensor.block_2d or tensor.axis == 1,
+      out_dtype=jnp.dtype(out_dtype), interpret=interpret)
+
+
+def _leave(reason: str) -> None:
+  with _lock:
+    if reason in _logged:
+      return
+    _logged.add(reason)
+  if jax.process_index() == 0:
+    _log.info("NVFP4 GEMM: XLA's dot of the block values, not the Triton GEMM, for %s (%s=xla or =triton chooses)",
+              reason, IMPLEMENTATION_ENV)
+
+
+def scaled_dot(qa, qb, contract, alpha, out_dtype, reference: Callable[[], jax.Array],
+               implementation: str | None = None) -> jax.Array:
+  """``cast((values(qa) · values(qb), fp32 accumulation) * alpha, out_dtype)``; ``contract`` = (a axis, b axis).
+
+  ``qa`` / ``qb``: an NVFP4Tensor or a ``(values, amax, bound)`` triple (``gemm._operand``); ``reference()``: the
+  XLA form of the same GEMM. See the module docstring for the implementations.
+  """
+  request, source = _requested(implementation)
+  if request == "xla":
+    return reference()
+  why = refusal(qa, qb, contract, alpha, out_dtype)
+  if request == "triton":
+    if why:
+      raise GemmImplementationUnavailableError(f"{source} cannot compute this GEMM: {why}; use xla or auto")
+    return lax.platform_dependent(cuda=lambda: _kernel(qa, qb, contract, alpha, out_dtype, False),
+                                  default=lambda: _kernel(qa, qb, contract, alpha, out_dtype, True))
+  if why:
+    _leave(why)
+    return reference()
+  if "cuda" not in compilers.installed() and jax.default_backend() != "gpu":
+    return reference()  # no program traced here can be compiled for XLA:GPU
+  return lax.platform_dependent(cuda=lambda: _kernel(qa, qb, contract, alpha, out_dtype, False), default=reference)
