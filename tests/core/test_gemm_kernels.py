@@ -111,12 +111,12 @@ def test_a_wrong_nibble_order_or_scale_index_fails_the_equality(layout, monkeypa
     return shifted(jnp.roll(s, 1, axis=0), rows, cols, row_blocks, col_blocks)
 
   monkeypatch.setattr(triton_dot, "_expand", wrong_scale_index)
-  jax.clear_caches()
+  triton_dot.dot.clear_cache()  # the kernel is traced again with the mutation
   try:
     assert not np.array_equal(_call(layout, values, t, "triton"), want)
   finally:
     monkeypatch.undo()
-    jax.clear_caches()
+    triton_dot.dot.clear_cache()
   np.testing.assert_array_equal(_call(layout, values, t, "triton"), want)
 
 
@@ -158,6 +158,13 @@ def test_default_is_the_xla_dot_and_auto_logs_the_calls_it_leaves(monkeypatch, c
   assert any("not the Triton GEMM" in r.message and "power-of-two tile" in r.message for r in caplog.records)
   with pytest.raises(ValueError, match="choose one of"):
     _call_traced("fprop_tiles", values, t, "cublas")
+  alpha = gemm.gemm_alpha(jnp.float32(5.0), t.amax)
+  qv = (values, jnp.float32(5.0), 448)
+  assert dispatch.refusal(qv, t, (1, 0), alpha, jnp.float32) is None
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("d",))):
+    assert "mesh of several devices" in dispatch.refusal(qv, t, (1, 0), alpha, jnp.float32)
+  assert "row-scaled" in dispatch.refusal(qv, t, (1, 0), jnp.ones((_M, 1), jnp.float32), jnp.float32)
+  assert "bf16" in dispatch.refusal((values.astype(jnp.float32), None, 448), t, (1, 0), alpha, jnp.float32)
 
 
 def _call_traced(layout, values, t, implementation):
