@@ -92,6 +92,37 @@ def test_kernel_equals_the_xla_dot_bit_for_bit_where_sums_are_exact(layout):
   assert np.count_nonzero(want) > 0.9 * want.size
 
 
+def _exact_tensor(shape, blocks, rng):
+  r, c = shape
+  sshape = (r // 16, c // 16) if blocks == "2d" else ((r // 16, c) if blocks == 0 else (r, c // 16))
+  return _tensor(rng.integers(0, 16, (r, c)), rng.choice(_SCALE_BYTES, sshape), blocks)
+
+
+# Both operands as codes and scales (the kernel takes them; ``gemm`` passes block values for its single-use ones):
+# (a's stored shape, blocks, contraction axis), the same for b. Partial sums: multiples of 2**-4 below 2**17, exact.
+_BOTH = {
+    "fprop_x1x16_wtiles": (((_M, _K), 1, 1), ((_K, _N), "2d", 0)),
+    "wgrad_tokens_1x16": (((_K, _M), 0, 0), ((_K, _N), 0, 0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BOTH))
+def test_both_operands_as_codes_bit_for_bit(case):
+  (sa, ba, ca), (sb, bb, cb) = _BOTH[case]
+  rng = np.random.default_rng(4)
+  ta, tb = _exact_tensor(sa, ba, rng), _exact_tensor(sb, bb, rng)
+  alpha = gemm.gemm_alpha(ta.amax, tb.amax)
+  ref = lambda ta=ta, tb=tb: gemm._scaled_dot(nv.block_values(ta), nv.block_values(tb), (ca, cb), alpha,  # noqa: E731
+                                              jnp.float32)
+  run = lambda ta, tb, impl: np.asarray(gemm_kernels.scaled_dot(  # noqa: E731
+      ta, tb, (ca, cb), alpha, jnp.float32, lambda: ref(ta, tb), implementation=impl))
+  want = run(ta, tb, "xla")
+  assert want.shape == (_M, _N) and np.count_nonzero(want) > 0.9 * want.size
+  np.testing.assert_array_equal(run(ta, tb, "triton").view(np.uint32), want.view(np.uint32))
+  assert not np.array_equal(run(_swap_nibbles(ta), tb, "triton"), want)
+  assert not np.array_equal(run(ta, _swap_nibbles(tb), "triton"), want)
+
+
 def _swap_nibbles(t):
   r, c = t.data.shape
   return t.__class__(data=t.data.reshape(r, c // 2, 2)[..., ::-1].reshape(r, c), scale=t.scale, amax=t.amax,
@@ -158,6 +189,9 @@ def test_default_is_the_xla_dot_and_auto_logs_the_calls_it_leaves(monkeypatch, c
   assert any("not the Triton GEMM" in r.message and "power-of-two tile" in r.message for r in caplog.records)
   with pytest.raises(ValueError, match="choose one of"):
     _call_traced("fprop_tiles", values, t, "cublas")
+  with pytest.raises(dispatch.GemmImplementationUnavailableError, match="without an NVFP4Tensor"):
+    gemm_kernels.scaled_dot((values, None, 448), (nv.block_values(t), None, 448), (1, 0), jnp.float32(1),
+                            jnp.float32, lambda: None, implementation="triton")
   alpha = gemm.gemm_alpha(jnp.float32(5.0), t.amax)
   qv = (values, jnp.float32(5.0), 448)
   assert dispatch.refusal(qv, t, (1, 0), alpha, jnp.float32) is None

@@ -11,8 +11,8 @@ the argument overrides):
               elsewhere; a call that leaves the kernel logs one line per run and reason (logger ``maxtext_nvfp4``,
               INFO, process 0).
 
-The kernel takes a call with one operand an ``NVFP4Tensor`` (2D, one amax: its codes and scales are read) and the
-other bf16 block values (``quantize_values``' output), a scalar alpha, every dimension tiled by a power of two >= 16,
+The kernel takes a call with an ``NVFP4Tensor`` operand (2D, one amax: its codes and scales are read) and the other
+an NVFP4Tensor too or bf16 block values (``quantize_values``' output), a scalar alpha, every dimension tiled by a power of two >= 16,
 a bf16 / fp16 / fp32 output, and no mesh of several devices: it is not partitioned yet (a ``pallas_call`` under the
 partitioner would have its operands gathered). Under ``vmap`` (MoE's experts) Pallas adds a grid axis over the batch. The results agree with ``reference()`` up to the fp32 accumulation order
 (``tests/core/test_gemm_kernels.py``: bit for bit where every partial sum is exact).
@@ -61,36 +61,34 @@ def _requested(implementation: str | None) -> tuple[str, str]:
   return implementation, f"implementation={implementation!r}"
 
 
-def _operands(qa, qb, contract):
-  """``(values, values_axis, tensor, tensor_axis, values_first)`` when one operand is an NVFP4Tensor and the other
-  a ``(values, amax, bound)`` triple, else None."""
-  if isinstance(qa, NVFP4Tensor) and not isinstance(qb, NVFP4Tensor):
-    return qb[0], contract[1], qa, contract[0], False
-  if isinstance(qb, NVFP4Tensor) and not isinstance(qa, NVFP4Tensor):
-    return qa[0], contract[0], qb, contract[1], True
-  return None
+def _view(q, contract_axis: int):
+  """(stored 2D array, Operand, parts) of one GEMM operand: an NVFP4Tensor (codes and scales) or a
+  ``(values, amax, bound)`` triple (bf16 values)."""
+  if isinstance(q, NVFP4Tensor):
+    op = triton_dot.Operand(quantized=True, contract_axis=contract_axis, scale_rows=q.block_2d or q.axis == 0,
+                            scale_cols=q.block_2d or q.axis == 1)
+    return q.data, op, (q.data, q.scale)
+  return q[0], triton_dot.Operand(quantized=False, contract_axis=contract_axis), (q[0],)
 
 
 def refusal(qa, qb, contract, alpha, out_dtype) -> str | None:
   """Why the Triton GEMM does not take this call (None: it does)."""
-  ops = _operands(qa, qb, contract)
-  if ops is None:
-    return "a GEMM whose operands are not one NVFP4Tensor and one block-values operand"
-  values, values_axis, tensor, tensor_axis, values_first = ops
-  if values.ndim != 2 or tensor.data.ndim != 2:
+  if not (isinstance(qa, NVFP4Tensor) or isinstance(qb, NVFP4Tensor)):
+    return "a GEMM without an NVFP4Tensor operand (both are block values already)"
+  (a, _, _), (b, _, _) = _view(qa, contract[0]), _view(qb, contract[1])
+  if a.ndim != 2 or b.ndim != 2:
     return "an operand that is not a 2D matrix (grouped amax blocks)"
-  if jnp.ndim(alpha) or jnp.ndim(tensor.amax):
+  if jnp.ndim(alpha) or any(isinstance(q, NVFP4Tensor) and jnp.ndim(q.amax) for q in (qa, qb)):
     return "a row-scaled operand (one alpha per output row or column)"
-  if values.dtype != jnp.bfloat16:
-    return f"{values.dtype} block values (the kernel reads bf16)"
+  for q in (qa, qb):
+    if isinstance(q, NVFP4Tensor):
+      if not q.block_2d and q.axis not in (0, 1):
+        return "an NVFP4Tensor without 16x16 tiles or 1x16 blocks along one of its axes"
+    elif q[0].dtype != jnp.bfloat16:
+      return f"{q[0].dtype} block values (the kernel reads bf16)"
   if jnp.dtype(out_dtype) not in _OUT_DTYPES:
     return f"a {jnp.dtype(out_dtype)} output"
-  if not tensor.block_2d and tensor.axis not in (0, 1):
-    return "an NVFP4Tensor without 16x16 tiles or 1x16 blocks along one of its axes"
-  k = values.shape[values_axis]
-  m, n = values.shape[1 - values_axis], tensor.data.shape[1 - tensor_axis]
-  if not values_first:
-    m, n = n, m
+  k, m, n = a.shape[contract[0]], a.shape[1 - contract[0]], b.shape[1 - contract[1]]
   if triton_dot.blocks(m, n, k) is None:
     return f"a {m}x{k}x{n} GEMM (every dimension needs a power-of-two tile >= 16 dividing it)"
   mesh = jax.sharding.get_abstract_mesh()
@@ -100,12 +98,11 @@ def refusal(qa, qb, contract, alpha, out_dtype) -> str | None:
 
 
 def _kernel(qa, qb, contract, alpha, out_dtype, interpret: bool):
-  values, values_axis, tensor, tensor_axis, values_first = _operands(qa, qb, contract)
-  return triton_dot.dot(
-      values, lax.bitcast_convert_type(tensor.data, jnp.uint4), lax.bitcast_convert_type(tensor.scale, jnp.uint8),
-      alpha, values_t=values_axis == 0, tensor_t=tensor_axis == 1, values_first=values_first,
-      scale_rows=tensor.block_2d or tensor.axis == 0, scale_cols=tensor.block_2d or tensor.axis == 1,
-      out_dtype=jnp.dtype(out_dtype), interpret=interpret)
+  (_, a, a_parts), (_, b, b_parts) = _view(qa, contract[0]), _view(qb, contract[1])
+  as_bytes = lambda parts: parts if len(parts) == 1 else (  # noqa: E731
+      lax.bitcast_convert_type(parts[0], jnp.uint4), lax.bitcast_convert_type(parts[1], jnp.uint8))
+  return triton_dot.dot(as_bytes(a_parts), as_bytes(b_parts), alpha, a=a, b=b, out_dtype=jnp.dtype(out_dtype),
+                        interpret=interpret)
 
 
 def _leave(reason: str) -> None:

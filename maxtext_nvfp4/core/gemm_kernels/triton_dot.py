@@ -1,5 +1,5 @@
-"""The Pallas (Triton) NVFP4 GEMM: one operand read as packed E2M1 codes and E4M3 block scales, dequantized in
-registers, the other as bf16 block values::
+"""The Pallas (Triton) NVFP4 GEMM: an operand read as packed E2M1 codes and E4M3 block scales is dequantized in
+registers, an operand of bf16 block values is read as it is::
 
     out[i, j] = cast( (sum_k  a[i, k] * (q[k, j] * s8[k, j]))  * alpha ,  out_dtype )    fp32 accumulation
 
@@ -8,14 +8,12 @@ bits, ``tensor.block_values``), so the tile is the same bf16 operand ``gemm._sca
 product of the GEMM is exact in fp32; only the order of the fp32 sums is the kernel's (Triton's ``tl.dot`` over
 ``block_k`` slices, slices in order). ``alpha`` (``gemm.gemm_alpha``) multiplies the fp32 accumulator once, at the end.
 
-Operands, in their stored layouts (no transposed copy is made):
-
-    values  bf16, (M, K) or, ``values_t``, (K, M)                         (x for fprop, dy for dgrad / wgrad)
-    codes   uint4 view of the tensor's float4_e2m1fn data, (K, N) or, ``tensor_t``, (N, K)      (W, or x for wgrad)
-    scales  uint8 view of its E4M3 scales: the data's shape with the block axis (both for 16x16 tiles) / 16
-
-``values_first``: the values are the left operand (fprop, dgrad: ``values · W``); else the tensor is (wgrad:
-``xᵀ · dy``). E2M1 decode: magnitude index ``m = code & 7`` -> ``0.5 m`` (m < 4), ``m - 2`` (4, 5), ``2 m - 8``
+Operands, each in its stored layout (no transposed copy is made; :class:`Operand`): a 2D array contracted along
+its axis 0 or 1, either bf16 block values (``quantize_values``' output: x for fprop, dy for dgrad / wgrad) or an
+NVFP4Tensor as its uint4 view of the float4_e2m1fn data and the uint8 view of its E4M3 scales (the data's shape
+with the block axis -- both, for 16x16 tiles -- divided by 16): W for fprop / dgrad, x's copy for wgrad, or both
+operands. ``gemm`` passes one of each today (its single-use operands are block values).
+E2M1 decode: magnitude index ``m = code & 7`` -> ``0.5 m`` (m < 4), ``m - 2`` (4, 5), ``2 m - 8``
 (6, 7), the sign from bit 3 by the sign bit (``formats.negate_where``: Triton's lowering negates as ``0 - x``).
 E4M3 decode of a scale byte ``b``: ``e = b >> 3``, ``t = b & 7``: ``t * 2**-9`` (e = 0), ``(8 + t) * 2**(e - 10)``,
 NaN for 0x7F. No gather, no float min/max.
@@ -23,6 +21,7 @@ NaN for 0x7F. No gather, no float min/max.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -76,33 +75,57 @@ def _expand(s, rows: int, cols: int, row_blocks: bool, col_blocks: bool):
   return s4.reshape(rows, cols)
 
 
-def _kernel(values_ref, codes_ref, scales_ref, alpha_ref, out_ref, *, block_m, block_n, block_k, k_total,
-            values_t, tensor_t, values_first, scale_rows, scale_cols):
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Operand:
+  """How one operand is stored (static: part of the kernel's trace)."""
+
+  # True: packed E2M1 codes (uint4) + E4M3 scale bytes (uint8); False: bf16 values
+  quantized: bool
+  # the contraction axis of the stored 2D array: 0 (stored (K, free)) or 1 (stored (free, K))
+  contract_axis: int
+  # quantized: the scales run in 16-element blocks along the stored rows / columns (both: 16x16 tiles)
+  scale_rows: bool = False
+  scale_cols: bool = False
+
+
+def _tile(refs, op: Operand, off, size: int, k0, block_k: int):
+  """The operand's (block_k, size) tile at (k0, off) as bf16 (K, free), dequantized in registers when quantized."""
+  k_major = op.contract_axis == 0
+  rows, cols = (block_k, size) if k_major else (size, block_k)
+  r0, c0 = (k0, off) if k_major else (off, k0)
+  if op.quantized:
+    codes_ref, scales_ref = refs
+    codes = codes_ref[pl.ds(r0, rows), pl.ds(c0, cols)].astype(jnp.int32)
+    sr, sc = (rows // BLOCK if op.scale_rows else rows), (cols // BLOCK if op.scale_cols else cols)
+    sr0, sc0 = (r0 // BLOCK if op.scale_rows else r0), (c0 // BLOCK if op.scale_cols else c0)
+    s = decode_e4m3(scales_ref[pl.ds(sr0, sr), pl.ds(sc0, sc)].astype(jnp.int32))
+    t = (decode_e2m1(codes) * _expand(s, rows, cols, op.scale_rows, op.scale_cols)).astype(jnp.bfloat16)
+  else:
+    t = refs[0][pl.ds(r0, rows), pl.ds(c0, cols)]
+  return t if k_major else t.T
+
+
+def _b_first(a: Operand, b: Operand) -> bool:
+  """The kernel's arguments put a bf16 operand before a quantized one (a's first otherwise): one argument order
+  for fprop, dgrad and wgrad (XLA:GPU's buffer assignment of the SwiGLU MLP depends on it: benchmarks/RESULTS.md,
+  "Pallas NVFP4 GEMM")."""
+  return a.quantized and not b.quantized
+
+
+def _kernel(*refs, a: Operand, b: Operand, block_m, block_n, block_k, k_total):
+  na, nb = 1 + a.quantized, 1 + b.quantized
+  if _b_first(a, b):
+    b_refs, a_refs = refs[:nb], refs[nb:na + nb]
+  else:
+    a_refs, b_refs = refs[:na], refs[na:na + nb]
+  alpha_ref, out_ref = refs[na + nb], refs[na + nb + 1]
   i, j = pl.program_id(0), pl.program_id(1)
-  # The values operand's free index is the output's rows when it comes first, else its columns.
-  v_off = (i * block_m) if values_first else (j * block_n)
-  v_size = block_m if values_first else block_n
-  t_off = (j * block_n) if values_first else (i * block_m)
-  t_size = block_n if values_first else block_m
 
   def body(kk, acc):
     k0 = pl.multiple_of(kk * block_k, block_k)
-    # both operands' tiles as (K, free)
-    if values_t:  # stored (K, free)
-      v = values_ref[pl.ds(k0, block_k), pl.ds(v_off, v_size)]
-    else:
-      v = values_ref[pl.ds(v_off, v_size), pl.ds(k0, block_k)].T
-    rows, cols = (t_size, block_k) if tensor_t else (block_k, t_size)
-    r0, c0 = (t_off, k0) if tensor_t else (k0, t_off)
-    codes = codes_ref[pl.ds(r0, rows), pl.ds(c0, cols)].astype(jnp.int32)
-    sr, sc = (rows // BLOCK if scale_rows else rows), (cols // BLOCK if scale_cols else cols)
-    sr0, sc0 = (r0 // BLOCK if scale_rows else r0), (c0 // BLOCK if scale_cols else c0)
-    s = decode_e4m3(scales_ref[pl.ds(sr0, sr), pl.ds(sc0, sc)].astype(jnp.int32))
-    w = (decode_e2m1(codes) * _expand(s, rows, cols, scale_rows, scale_cols)).astype(jnp.bfloat16)
-    if tensor_t:
-      w = w.T
-    lhs, rhs = (v.T, w) if values_first else (w.T, v)
-    return acc + jnp.dot(lhs, rhs, preferred_element_type=jnp.float32)
+    a_kf = _tile(a_refs, a, i * block_m, block_m, k0, block_k)
+    b_kf = _tile(b_refs, b, j * block_n, block_n, k0, block_k)
+    return acc + jnp.dot(a_kf.T, b_kf, preferred_element_type=jnp.float32)
 
   acc = lax.fori_loop(0, k_total // block_k, body, jnp.zeros((block_m, block_n), jnp.float32))
   out_ref[...] = (acc * alpha_ref[0]).astype(out_ref.dtype)
@@ -114,29 +137,27 @@ def blocks(m: int, n: int, k: int) -> tuple[int, int, int] | None:
   return b if all(b) else None
 
 
-@functools.partial(jax.jit, static_argnames=("values_t", "tensor_t", "values_first", "scale_rows", "scale_cols",
-                                             "out_dtype", "interpret"))
-def dot(values, codes, scales, alpha, *, values_t: bool, tensor_t: bool, values_first: bool, scale_rows: bool,
-        scale_cols: bool, out_dtype, interpret: bool = False):
-  """The GEMM of the module docstring. ``codes`` uint4, ``scales`` uint8, ``alpha`` an fp32 scalar; the caller
-  checked :func:`blocks` (every dimension tiles)."""
-  vk, vf = (values.shape if values_t else values.shape[::-1])
-  tf, tk = (codes.shape if tensor_t else codes.shape[::-1])
-  assert vk == tk, (values.shape, codes.shape)
-  m, n = (vf, tf) if values_first else (tf, vf)
-  block_m, block_n, block_k = blocks(m, n, vk)
-  kernel = functools.partial(
-      _kernel, block_m=block_m, block_n=block_n, block_k=block_k, k_total=vk, values_t=values_t,
-      tensor_t=tensor_t, values_first=values_first, scale_rows=scale_rows, scale_cols=scale_cols)
-  whole = lambda a: pl.BlockSpec(a.shape, lambda i, j: (0,) * a.ndim)  # noqa: E731
+@functools.partial(jax.jit, static_argnames=("a", "b", "out_dtype", "interpret"))
+def dot(a_parts, b_parts, alpha, *, a: Operand, b: Operand, out_dtype, interpret: bool = False):
+  """``cast((a · b, fp32 accumulation) * alpha)``: ``a_parts`` / ``b_parts`` the operands' arrays, ``(values,)`` or
+  ``(codes uint4, scales uint8)`` as ``a`` / ``b`` say; ``alpha`` an fp32 scalar. The caller checked
+  :func:`blocks` (every dimension tiles)."""
+  a0, b0 = a_parts[0], b_parts[0]
+  k, m = (a0.shape if a.contract_axis == 0 else a0.shape[::-1])
+  kb, n = (b0.shape if b.contract_axis == 0 else b0.shape[::-1])
+  assert k == kb, (a0.shape, b0.shape)
+  block_m, block_n, block_k = blocks(m, n, k)
+  kernel = functools.partial(_kernel, a=a, b=b, block_m=block_m, block_n=block_n, block_k=block_k, k_total=k)
+  whole = lambda x: pl.BlockSpec(x.shape, lambda i, j: (0,) * x.ndim)  # noqa: E731
   alpha = jnp.reshape(jnp.asarray(alpha, jnp.float32), (1,))
+  operands = (*b_parts, *a_parts, alpha) if _b_first(a, b) else (*a_parts, *b_parts, alpha)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((m, n), out_dtype),
       grid=(m // block_m, n // block_n),
-      in_specs=[whole(values), whole(codes), whole(scales), whole(alpha)],
+      in_specs=[whole(x) for x in operands],
       out_specs=pl.BlockSpec((block_m, block_n), lambda i, j: (i, j)),
       compiler_params=pl_triton.CompilerParams(num_warps=_NUM_WARPS, num_stages=_NUM_STAGES),
       interpret=interpret,
       name="nvfp4_dequant_dot",
-  )(values, codes, scales, alpha)
+  )(*operands)
