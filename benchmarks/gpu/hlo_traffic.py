@@ -47,7 +47,10 @@ def kind(ins, comps: dict | None = None) -> str:
   if ins.opcode == "custom-call":
     target = _TARGET.search(ins.attrs)
     target = target.group(1).lower() if target else ""
-    # cuBLAS / cuBLASLt GEMMs; not the Triton custom calls of Pallas kernels (__gpu$xla.gpu.triton).
+    # cuBLAS / cuBLASLt GEMMs, and the Pallas NVFP4 GEMM (core/gemm_kernels: a Triton custom call named
+    # nvfp4_dequant_dot); not the other Triton custom calls of Pallas kernels (__gpu$xla.gpu.triton: quantizers).
+    if "nvfp4_dequant_dot" in ins.attrs:
+      return "gemm"
     return "gemm" if ("gemm" in target or "cublas" in target or "matmul" in target) else "other"
   # XLA:GPU's Triton GEMM fusions: kind=kCustom calling a gemm computation, or tagged triton_gemm.
   if ins.opcode == "fusion" and ("triton_gemm" in attrs or ("kind=kcustom" in attrs and "gemm" in attrs)):

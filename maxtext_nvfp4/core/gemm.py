@@ -91,6 +91,7 @@ from jax import lax
 
 from maxtext_nvfp4.core import settings
 from maxtext_nvfp4.core import fp8
+from maxtext_nvfp4.core import gemm_kernels
 from maxtext_nvfp4.core import nvfp4 as numerics
 from maxtext_nvfp4.core import prng
 from maxtext_nvfp4.core import recipe_options
@@ -403,7 +404,11 @@ def _nvfp4_dot(qa, qb, contract, out_dtype, group_axes: tuple[str, ...] = ()):
     # Per-tensor amaxes, or a row-scaled one: oriented as output rows (a) / output columns (b).
     ra = amax_a.T if jnp.ndim(amax_a) == 2 and contract[0] == 0 else amax_a  # wgrad: xᵀ, per column of x
     rb = amax_b.T if jnp.ndim(amax_b) == 2 and contract[1] == 1 else amax_b
-    return _scaled_dot(va, vb, contract, gemm_alpha(ra, rb, ba, bb), out_dtype)
+    alpha = gemm_alpha(ra, rb, ba, bb)
+    # XLA's dot of the block values, or (MAXTEXT_NVFP4_GEMM_IMPL) a GEMM that reads an NVFP4Tensor's codes and
+    # scales: the same products, summed in its own fp32 order
+    return gemm_kernels.scaled_dot(qa, qb, contract, alpha, out_dtype,
+                                   reference=lambda: _scaled_dot(va, vb, contract, alpha, out_dtype))
   grid = lambda amax: jnp.reshape(amax, (1, 1)) if amax.ndim == 0 else amax  # noqa: E731
   # Grids as (rows, contraction) for a and (contraction, columns) for b.
   amax_a = grid(amax_a).T if contract[0] == 0 else grid(amax_a)  # wgrad: xᵀ · dy
