@@ -102,7 +102,8 @@ peer_files() {  # the peers stage: two processes side by side, the TE reference 
 run_stage() {  # run_stage NAME: one stage after the core suite, in a lane beside another
   case $1 in
     gpu) env_ready gpu && stage gpu env MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1 MAXTEXT_NVFP4_TARGET_COMPILE_TESTS=1 \
-           .venv-targets/bin/python -m pytest -q -n 0 tests/core/test_gpu_compile_bytes.py tests/core/test_target_pins.py tests/core/test_tpu_kernels_compile.py \
+           .venv-targets/bin/python -m pytest -q -n 0 tests/core/test_gpu_compile_bytes.py tests/core/test_gpu_dequant_gemm.py tests/core/test_target_pins.py \
+           tests/core/test_tpu_kernels_compile.py \
            tests/core/test_quantizer_hlo.py::test_cuda_lowering_materializes_only_the_rht_output --junitxml="$logs/gpu.xml" ;;
     te) env_ready te && stage te bash -c 'source scripts/te_env.sh && MAXTEXT_NVFP4_REQUIRE_TE=1 exec .venv-targets/bin/python \
            -m pytest -q -n 0 tests/te --junitxml="$0"' "$logs/te.xml" ;;

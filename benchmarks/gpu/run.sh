@@ -6,7 +6,8 @@
 #   stage  what                                                                    limit  (STAGES, T_<STAGE>)
 #   setup  install the wheel bundle .whl/ into $SITE (skipped when maxtext imports)    30 s
 #   env    date, commit, GPU, jax; stop here unless jax sees the expected platform     15 s
-#   tests  bit-exactness on the GPU backend: tests/core/test_numerics.py, test_gemm.py, test_prng.py
+#   tests  bit-exactness on the GPU backend: tests/core/test_numerics.py, test_gemm.py, test_prng.py,
+#          test_gemm_kernels.py (the Pallas NVFP4 GEMM compiled by Triton)
 #          (less its 2 slowest non-bit tests), test_quantizer_hlo.py; pytest -n 8     90 s
 #   mlp    mlp_bench.py SwiGLU 8192x4096x14336 fwd+bwd bf16/nvfp4/fp8/sdg, one process
 #          per variant (correctness check first, compiled memory, device peak)       110 s
@@ -19,6 +20,8 @@
 #   kernels (only when named in STAGES) kernel_profile.py: the MLP's per-kernel device times
 #          under jax.profiler (bf16, nvfp4) and the Pallas quantizer kernels per tile choice
 #          (each choice's bits checked against the default's); 38-39 s on the H200        60 s
+#   dqgemm (only when named in STAGES) the MLP's bf16 and nvfp4, then nvfp4 with
+#          MAXTEXT_NVFP4_GEMM_IMPL=auto (the Pallas GEMM reading NVFP4 codes + scales)       60 s
 #   moe    (only when named in STAGES) maxtext_step_bench.py --preset gpu-moe-proxy: the one-GPU
 #          Mixtral-style proxy (recipes/proxy_1gpu_moe_*, 4 layers), bf16 and nvfp4   140 s
 #
@@ -64,18 +67,19 @@ done
 # "expect" is the estimated H200 wall time (nothing of this package has run on a GPU yet: estimates from
 # the issue's prototype numbers, see benchmarks/RESULTS.md "GPU preparation").
 # ---------------------------------------------------------------------------------------------------
-ALL_STAGES="setup env tests kernels mlp hlo quant step moe"
-declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [kernels]=60 [mlp]=110 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
-declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [kernels]=300 [mlp]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
+ALL_STAGES="setup env tests kernels mlp dqgemm hlo quant step moe"
+declare -A LIMIT_GPU=([setup]=30 [env]=15 [tests]=90 [kernels]=60 [mlp]=110 [dqgemm]=60 [hlo]=40 [quant]=25 [step]=170 [moe]=140)
+declare -A LIMIT_CPU=([setup]=120 [env]=60 [tests]=300 [kernels]=300 [mlp]=300 [dqgemm]=300 [hlo]=200 [quant]=120 [step]=600 [moe]=600)
 # H200 estimates; measured 2026-11-30 (benchmarks/RESULTS.md): tests 41, mlp 106, hlo 11, quant 5, step
 # ~65 per variant (compile included).
-declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [kernels]=39 [mlp]=106 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
+declare -A EXPECT_GPU=([setup]=5 [env]=8 [tests]=45 [kernels]=39 [mlp]=106 [dqgemm]=45 [hlo]=25 [quant]=5 [step]=200 [moe]=130)
 declare -A WHAT=(
   [setup]="pip install .whl/*.whl into $SITE (offline; skipped when maxtext already imports)"
   [env]="date, commit, nvidia-smi, jax version and devices; stops unless jax sees a GPU (--cpu: CPU)"
   [tests]="GPU bit-exactness: test_numerics, test_fp8, test_gemm (-k not switch_under_jit/remat_and_scan), test_quantizer_hlo"
   [kernels]="MLP fwd+bwd per-kernel device times (profiler; bf16, nvfp4); Pallas quantizer kernels per tile choice"
   [mlp]="SwiGLU 8192x4096x14336 fwd+bwd: bf16, nvfp4 (full recipe), fp8, sdg; --isolate, 3 warmup + 20 iters"
+  [dqgemm]="the mlp stage's bf16 and nvfp4 again, nvfp4 with MAXTEXT_NVFP4_GEMM_IMPL=auto (the Pallas GEMM reading codes + scales)"
   [hlo]="optimized-HLO counts: MLP fwd+bwd bf16/nvfp4 (--dump-hlo) and quantizer_hlo.py at 8192x4096; XLA dump + gpu_target_config (no cache)"
   [quant]="quantizer 1d/2d/rht vs copy at 8192x4096 and 8192x14336, 10 iters"
   [step]="MaxText llama3-8b 4 layers, seq 4096, pdbs 2: bf16, nvfp4, fp8; 20 steps, median of steps 8..19"
@@ -212,7 +216,7 @@ if [ "$MODE" = cpu ]; then
     --set base_num_query_heads=4 --set base_num_kv_heads=4 --set base_mlp_dim=256 --set base_moe_mlp_dim=256 \
     --set base_num_decoder_layers=2 --set vocab_size=1024 --set max_target_length=64 --set per_device_batch_size=1"
 else
-  TESTS_ARGS="tests/core/test_numerics.py tests/core/test_fp8.py tests/core/test_gemm.py tests/core/test_prng.py tests/core/test_quantizer_hlo.py -k 'not switch_under_jit and not remat_and_scan'"
+  TESTS_ARGS="tests/core/test_numerics.py tests/core/test_fp8.py tests/core/test_gemm.py tests/core/test_prng.py tests/core/test_quantizer_hlo.py tests/core/test_gemm_kernels.py -k 'not switch_under_jit and not remat_and_scan'"
   MLP_SHAPE="--preset h200" MLP_TIMING="--warmup 3 --iters 20" KERNEL_ARGS="--preset h200 --iters 8"
   QUANT_SHAPE=8192x4096 QUANT_ARGS="--shapes 8192x4096,8192x14336 --iters 10 --warmup 2"
   STEP_ARGS="--preset gpu-llama3-8b-4layer --steps 20 --skip 8"
@@ -235,6 +239,12 @@ has kernels && stage kernels "$PY benchmarks/gpu/kernel_profile.py $KERNEL_ARGS 
 # mlp: each variant's correctness check runs before its timing; a failed check exits 1.
 has mlp && stage mlp "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
   --variants ${MLP_VARIANTS:-bf16,nvfp4,fp8,sdg} --json $WORK/mlp.json"
+
+# dqgemm (only when named in STAGES): nvfp4 with the Pallas NVFP4 GEMM (core/gemm_kernels) against bf16 and the
+# default nvfp4 (XLA's dot of the block values), side by side in one call: the measurement issue 51 asks for.
+has dqgemm && stage dqgemm "$PY benchmarks/mlp_bench.py $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd \
+  --variants bf16,nvfp4 --json $WORK/dqgemm_xla.json && MAXTEXT_NVFP4_GEMM_IMPL=auto $PY benchmarks/mlp_bench.py \
+  $MLP_SHAPE $MLP_TIMING --isolate --modes fwdbwd --variants nvfp4 --json $WORK/dqgemm_auto.json"
 
 # hlo: what XLA makes of the same programs (counts; the HLO text goes to hlo.tgz). XLA's own dump of this
 # real device's compiles (optimized HLO, buffer assignment, live ranges) and its gpu_target_config.pbtxt are
