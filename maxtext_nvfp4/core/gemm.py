@@ -471,6 +471,17 @@ def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None,
   return v, amax, rule.e4m3_bound
 
 
+def _single_use(a, rule: numerics.ScaleRule, axis: int, other, other_axis: int, a_first: bool, out_dtype, key=None,
+                rht: bool = False):
+  """A 2D operand used by one GEMM only, quantized 1x16 along its contraction ``axis``: ``_operand``'s bf16 block
+  values, or -- where the GEMM reads codes (``gemm_kernels.reads_codes``: never with the default "xla") -- its
+  NVFP4Tensor (codes + scales), ``block_values`` of which are those values, bit for bit."""
+  if gemm_kernels.reads_codes(a, axis, other, other_axis, a_first, out_dtype, rht=rht, stochastic=key is not None,
+                              rule=rule):
+    return numerics.quantize(a, axis=axis, rht=rht, stochastic_key=key, scale_rule=rule)
+  return _operand(a, rule, key=key, axis=axis, rht=rht)
+
+
 def _dequantized(t, dtype):
   """TE's CUDA dequantize of an NVFP4Tensor (a grouped one: per block, merged), as 2D ``dtype``."""
   if t.data.ndim == 4:
@@ -514,7 +525,7 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = 
   if groups is not None and not groups.trivial:
     return _nvfp4_dot(_operand(x, x_rule, (groups.tokens, groups.x_k), row_axes=groups.token_axes, axis=1), qw,
                       (1, 0), out_dtype)
-  qx = _operand(_pad_to(x, (x.shape[0], qw.shape[0])), x_rule, axis=1)
+  qx = _single_use(_pad_to(x, (x.shape[0], qw.shape[0])), x_rule, 1, qw, 0, True, out_dtype)
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
@@ -534,7 +545,7 @@ def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | No
   if groups is not None and not groups.trivial:
     return _nvfp4_dot(_operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=1),
                       qw, (1, 1), out_dtype)
-  qdy = _operand(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, key=sr, axis=1)
+  qdy = _single_use(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, 1, qw, 1, True, out_dtype, key=sr)
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
 
@@ -554,7 +565,7 @@ def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = Non
   if groups is not None and not groups.trivial:
     qdy = _operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=0, rht=r.rht)
     return _nvfp4_dot(qx, qdy, (0, 0), out_dtype, groups.token_axes)
-  qdy = _operand(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, key=sr, axis=0, rht=r.rht)
+  qdy = _single_use(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, 0, qx, 0, False, out_dtype, key=sr, rht=r.rht)
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 
 

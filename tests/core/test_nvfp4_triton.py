@@ -549,12 +549,13 @@ def test_layout_only_where_a_kernel_computes_the_call():
     layout, reason = values(*args)
     assert layout is None and why in reason, (args[1:], reason)
   codes = lambda x, *a: pt.codes_layout(x, *a)  # noqa: E731
-  assert codes(x, 0, False, True, std) == (pt.COLS_RHT, None)
+  assert codes(x, 0, False, True, std) == codes(x, 0, False, True, std, True) == (pt.COLS_RHT, None)  # RNE, SR
+  assert codes(x, 1, False, False, std) == codes(x, 1, False, False, std, True) == (pt.ROWS, None)
   assert codes(x, None, True, False, std) == (pt.TILES_2D, None)  # W's 16x16 tiles
-  for args, why in [((x, 1, False, False, std), "without RHT"),  # quantize 1x16 along rows: the XLA form
+  for args, why in [((x, 0, False, False, std), "other than the last without RHT"),  # 1x16 along axis 0: XLA form
                     ((jnp.zeros((32, 40), jnp.bfloat16), None, True, False, std), "not a 2D matrix"),  # 40 columns
                     ((jnp.zeros((2, 32, 64), jnp.bfloat16), None, True, False, std), "not a 2D matrix"),
                     ((x, None, True, False, nv.ScaleRule(selection="4over6")), "scale rule"),
-                    ((x, 0, False, True, std, True), "stochastic rounding")]:
+                    ((x, None, True, False, std, True), "stochastic rounding")]:
     layout, reason = codes(*args)
     assert layout is None and why in reason, (args[1:], reason)

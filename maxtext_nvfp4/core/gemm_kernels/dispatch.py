@@ -16,6 +16,9 @@ an NVFP4Tensor too or bf16 block values (``quantize_values``' output), a scalar 
 a bf16 / fp16 / fp32 output, and no mesh of several devices: it is not partitioned yet (a ``pallas_call`` under the
 partitioner would have its operands gathered). Under ``vmap`` (MoE's experts) Pallas adds a grid axis over the batch. The results agree with ``reference()`` up to the fp32 accumulation order
 (``tests/core/test_gemm_kernels.py``: bit for bit where every partial sum is exact).
+
+:func:`reads_codes` tells ``gemm`` where a single-use operand (x for fprop, dy for dgrad) is worth quantizing to
+codes + scales for the kernel instead of bf16 block values; "xla" never.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from maxtext_nvfp4.core import compilers
 from maxtext_nvfp4.core.gemm_kernels import triton_dot
+from maxtext_nvfp4.core.quantizer import pallas_triton
+from maxtext_nvfp4.core.quantizer.formulas import BLOCK
 from maxtext_nvfp4.core.quantizer.tensor import NVFP4Tensor
 
 IMPLEMENTATION_ENV = "MAXTEXT_NVFP4_GEMM_IMPL"
@@ -40,7 +46,7 @@ _OUT_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.fl
 
 _log = logging.getLogger("maxtext_nvfp4")
 _lock = threading.Lock()
-_logged: set[str] = set()
+_logged: set[tuple[str, str]] = set()
 
 
 class GemmImplementationUnavailableError(ValueError):
@@ -105,14 +111,41 @@ def _kernel(qa, qb, contract, alpha, out_dtype, interpret: bool):
                         interpret=interpret)
 
 
-def _leave(reason: str) -> None:
+def _leave(reason: str, what: str = "XLA's dot of the block values, not the Triton GEMM") -> None:
   with _lock:
-    if reason in _logged:
+    if (what, reason) in _logged:
       return
-    _logged.add(reason)
+    _logged.add((what, reason))
   if jax.process_index() == 0:
-    _log.info("NVFP4 GEMM: XLA's dot of the block values, not the Triton GEMM, for %s (%s=xla or =triton chooses)",
-              reason, IMPLEMENTATION_ENV)
+    _log.info("NVFP4 GEMM: %s, for %s (%s=xla or =triton chooses)", what, reason, IMPLEMENTATION_ENV)
+
+
+def reads_codes(a, axis: int, other, other_axis: int, a_first: bool, out_dtype, *, rht: bool, stochastic: bool,
+                rule, implementation: str | None = None) -> bool:
+  """Whether ``gemm`` should quantize its single-use 2D operand ``a`` (x for fprop, dy for dgrad / wgrad; 1x16
+  blocks along ``axis``, its contraction axis) to an NVFP4Tensor -- E2M1 codes + E4M3 scales, 0.5625 B/element --
+  instead of bf16 block values (2 B/element): the Triton GEMM takes the call with ``a`` as codes (``other``: the
+  other operand, contracted along ``other_axis``; ``a_first``: ``a`` is the GEMM's left operand) and the Triton
+  quantizer has a codes kernel for ``a`` (``pallas_triton.codes_layout``). The same bits either way (``values =
+  block_values(quantize(...))``). "xla" (the default): never, so that path is today's, op for op."""
+  request, _ = _requested(implementation)
+  if request == "xla":
+    return False
+  if request == "auto" and "cuda" not in compilers.installed() and jax.default_backend() != "gpu":
+    return False  # as scaled_dot: no program traced here takes the kernel
+  layout, why = pallas_triton.codes_layout(a, axis, False, rht, rule, stochastic)
+  if layout is not None:
+    spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype)  # noqa: E731
+    scale_shape = tuple(d // BLOCK if i == axis else d for i, d in enumerate(a.shape))
+    stand_in = NVFP4Tensor(data=spec(a.shape, jnp.float4_e2m1fn), scale=spec(scale_shape, jnp.float8_e4m3fn),
+                           amax=np.float32(0), axis=axis)
+    qa, qb = (stand_in, other) if a_first else (other, stand_in)
+    contract = (axis, other_axis) if a_first else (other_axis, axis)
+    why = refusal(qa, qb, contract, np.float32(0), out_dtype)
+  if why is None:
+    return True
+  _leave(why, "a single-use operand as bf16 block values, not codes")
+  return False
 
 
 def scaled_dot(qa, qb, contract, alpha, out_dtype, reference: Callable[[], jax.Array],

@@ -9,7 +9,7 @@ which the argument overrides):
     "xla"     ``xla.py``: every scale rule, shape, batching and platform.
     "triton"  ``pallas_triton.py``: Pallas (Triton) kernels for the GEMM operands under TE's standard rule --
               ``quantize_values`` in 1x16 blocks along the last axis or with RHT along axis 0, ``quantize``
-              with RHT along axis 0 or in 16x16 tiles -- and, under one ``vmap`` (MoE's experts), one kernel
+              in 1x16 blocks along the last axis (RNE or SR), with RHT along axis 0 or in 16x16 tiles -- and, under one ``vmap`` (MoE's experts), one kernel
               over the batch. Compiled by Triton on XLA:GPU; on any other platform run by Pallas's
               interpreter (the same bits, slowly: for tests). A call it cannot compute raises
               :class:`ImplementationUnavailableError`.
@@ -270,13 +270,10 @@ def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule, request, sour
   triton_plan = pallas_triton.codes_layout(x, axis_n, block_2d, rht, rule, sr)
   tpu_plan = pallas_mosaic_tpu.codes_layout(x, axis_n, block_2d, rht, rule, sr)
   forms = {
-      # Triton's codes kernels round to nearest: no key
-      "triton": (triton_plan, lambda x, **kw: pallas_triton.quantize(x, triton_plan[0], **kw)),
+      "triton": (triton_plan, lambda x, *key, **kw: pallas_triton.quantize(x, triton_plan[0], *key, **kw)),
       "mosaic_tpu": (tpu_plan, lambda x, *key, **kw: pallas_mosaic_tpu.quantize(x, tpu_plan[0], *key, **kw)),
   }
-  if sr:  # the TPU kernels take the key (the Triton plan refused this call)
-    return _dispatch(request, source, x, stochastic_key, forms, xla_form)
-  return _dispatch(request, source, x, None, forms, xla_form)
+  return _dispatch(request, source, x, stochastic_key, forms, xla_form)
 
 
 def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule, request, source):

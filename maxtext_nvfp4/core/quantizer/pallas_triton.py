@@ -9,8 +9,8 @@ operand also writes and reads the transform). Here::
               block maxima, 1/16 of the data, and XLA reduces them)
     pass 2:   the kernels of ``triton_kernels.py``: scales, codes and values of whole blocks, written once
 
-Layouts (:func:`values_layout`, :func:`codes_layout`): :data:`ROWS` -- ``quantize_values`` in 1x16 blocks along
-the last axis (x for fprop, dy for dgrad); :data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with
+Layouts (:func:`values_layout`, :func:`codes_layout`): :data:`ROWS` -- ``quantize_values`` or ``quantize`` in
+1x16 blocks along the last axis (x for fprop, dy for dgrad; ``quantize`` where the GEMM reads codes); :data:`COLS_RHT` -- 1x16 blocks along axis 0 of a 2D operand with
 RHT (dy for wgrad with ``quantize_values``, x's 4-bit copy for wgrad with ``quantize``); :data:`TILES_2D` --
 ``quantize``'s 16x16 tiles of a 2D operand (W for fprop and dgrad). TE's standard rule only; for every other
 call the layout functions say why not, and ``api`` takes the XLA form.
@@ -90,20 +90,23 @@ def values_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule) -> tupl
 
 def codes_layout(x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule,
                  stochastic: bool = False) -> tuple[str | None, str | None]:
-  """``(layout, None)`` for the kernel layout that computes this ``quantize`` call in TE's byte layout -- RHT
-  along axis 0 of a 2D operand whose columns are a multiple of 4 (:data:`COLS_RHT`), or 16x16 tiles of a 2D
-  operand (:data:`TILES_2D`: W), round to nearest -- else ``(None, why not)``: the XLA form."""
+  """``(layout, None)`` for the kernel layout that computes this ``quantize`` call in TE's byte layout -- 1x16
+  blocks along the last axis (:data:`ROWS`: x for fprop, dy for dgrad), RHT along axis 0 of a 2D operand whose
+  columns are a multiple of 4 (:data:`COLS_RHT`: x and dy for wgrad), both round to nearest or stochastic, or
+  16x16 tiles of a 2D operand (:data:`TILES_2D`: W), round to nearest -- else ``(None, why not)``: the XLA form."""
   refusal = operand_refusal(x, rule)
   if refusal:
     return None, refusal
-  if stochastic:
-    return None, "quantize with stochastic rounding (the codes kernels round to nearest)"
+  if not block_2d and not rht and x.ndim >= 1 and axis_n == x.ndim - 1:
+    return ROWS, None
   if block_2d:
+    if stochastic:
+      return None, "16x16 tiles with stochastic rounding (the tile kernel rounds to nearest)"
     if rht or x.ndim != 2 or x.shape[0] % _BLOCK or x.shape[1] % _BLOCK:
       return None, "16x16 tiles of an operand that is not a 2D matrix"
     return TILES_2D, None
   if not rht:
-    return None, "quantize in 1x16 blocks without RHT (the codes kernels take RHT along axis 0 and 16x16 tiles)"
+    return None, "quantize in 1x16 blocks along an axis other than the last without RHT"
   return values_layout(x, axis_n, block_2d, rht, rule)
 
 
@@ -119,12 +122,13 @@ def _slice_amax_bits(xb):
   return jnp.max(bits, axis=tuple(range(1, xb.ndim)))
 
 
-def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ...]):
-  """``encode(amax, [bmax,] xn) -> (packed codes, scale bytes)`` under ``custom_partitioning``: each device
+def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ...], lower=None):
+  """``encode(amax, [seeds, bmax,] xn) -> (packed codes, scale bytes)`` under ``custom_partitioning``: each device
   encodes its own shard of xn (batch, groups, 16, columns, ...), sharded along the batch, the groups and the
   columns only (a block's 16 rows and a column pair stay together); ``bmax`` (batch, groups, columns, ...),
   when the rule names it, sharded as xn without its 16 axis; the codes have xn's rank minus one, the scale
-  bytes xn's rank, both sharded as xn."""
+  bytes xn's rank, both sharded as xn. ``lower(mesh, xn's spec)``, when given: the per-shard function (else
+  ``encode``)."""
   call = custom_partitioning(encode)
 
   def specs(arg_shapes):
@@ -132,7 +136,8 @@ def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ..
     x_spec = x_spec + (None,) * (rank - len(x_spec))
     a, g, h = x_spec[0], x_spec[1], x_spec[3]
     rest = (None,) * (rank - 4)
-    ins = [PartitionSpec(a, None)] + [PartitionSpec(a, g, h, *rest)] * (len(arg_shapes) - 2)
+    # per-slice (batch, n) operands (amax, SR seeds), then block maxima sharded as x without its 16 axis
+    ins = [PartitionSpec(a, None) if len(s.shape) == 2 else PartitionSpec(a, g, h, *rest) for s in arg_shapes[:-1]]
     x = PartitionSpec(a, g, None, h, *rest)
     return ins + [x], PartitionSpec(a, g, None, h, *(None,) * (rank - 5)), x
 
@@ -144,7 +149,8 @@ def _partitioned_encoder(encode, rank: int, rule: str, replicated: tuple[str, ..
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
     ins, d, e = specs(arg_shapes)
-    return (mesh, encode, (NamedSharding(mesh, d), NamedSharding(mesh, e)),
+    return (mesh, encode if lower is None else lower(mesh, tuple(ins[-1])),
+            (NamedSharding(mesh, d), NamedSharding(mesh, e)),
             tuple(NamedSharding(mesh, s) for s in ins))
 
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
@@ -159,12 +165,23 @@ def _partitioned_tiles(safe: bool, interpret: bool):
                               "a s, a g r h p q -> a g r h p, a g o h u v", ("s", "r", "p", "q"))
 
 
-def _partitioned_codes(safe: bool, interpret: bool):
+def _partitioned_codes(safe: bool, interpret: bool, sr: bool = False, n_total: int = 0,
+                       threefry: bool | None = None):
   """``kernels.codes_call`` per device: groups and column pairs shardable, the 16 rows of a group and the 2
-  columns of a pair together; the block maxima sharded as x4 without its 16 axis."""
-  return _partitioned_encoder(
-      lambda amax, bmax, x4: kernels.codes_call(amax, bmax, x4, safe=safe, interpret=interpret), 5,
-      "a s, a g h p, a g e h p -> a g e h, a g o h p", ("s", "p", "e"))  # need_replication: in the rule's order
+  columns of a pair together; the block maxima sharded as x4 without its 16 axis; SR positions the global ones
+  (:func:`_shard_keys`: groups of 16 rows on x4's dim 1, pairs of columns on its dim 3)."""
+
+  def on_shard(amax, seeds, bmax, x4, mesh=None, spec=(None,) * 5):
+    keys = _shard_keys(seeds, x4.shape, mesh, spec, rows=(1, _BLOCK), cols=(3, 2)) if sr else None
+    return kernels.codes_call(amax, keys, bmax, x4, safe=safe, interpret=interpret, n_total=n_total,
+                              threefry=threefry, folds=seeds.shape[1] - 2)
+
+  def encode(amax, seeds, bmax, x4):  # custom_partitioning binds every parameter of its function: four
+    return on_shard(amax, seeds, bmax, x4)
+
+  return _partitioned_encoder(encode, 5, "a s, a t, a g h p, a g e h p -> a g e h, a g o h p",
+                              ("s", "t", "p", "e"),  # need_replication: in the rule's order
+                              lower=lambda mesh, spec: lambda s, k, b, x: on_shard(s, k, b, x, mesh, spec))
 
 
 
@@ -177,6 +194,53 @@ def _x3_spec(layout: str, spec):
           else PartitionSpec(spec[0], spec[1], None, spec[3]))
 
 
+def _shard_keys(seeds, shape, mesh, spec, rows=(1, 1), cols=(2, _BLOCK)):
+  """The kernels' SR words of a shard: ``seeds`` (batch, 2 + F) padded to a power of two >= 2 + F + 2 (Triton's
+  blocks), the shard's first row and column (global positions, from the mesh axis indices) in the last two
+  entries. ``shape`` / ``spec``: the shard's blocked operand and its partition spec; ``rows`` / ``cols``: (dim,
+  elements per index) of its rows and columns (ROWS' x3: rows on dim 1, blocks of 16 columns on dim 2)."""
+  t0, n0 = (random_bits.shard_start(mesh, spec[d], shape[d]) * np.uint32(unit) for d, unit in (rows, cols))
+  width = 1 << (seeds.shape[1] + 1).bit_length()
+  keys = jnp.pad(seeds, ((0, 0), (0, width - seeds.shape[1])))
+  col = lax.broadcasted_iota(jnp.uint32, keys.shape, 1)  # elementwise: XLA fuses it with the seeds' producer
+  return keys + jnp.where(col == width - 2, t0, np.uint32(0)) + jnp.where(col == width - 1, n0, np.uint32(0))
+
+
+def _partitioned_row_codes(safe: bool, interpret: bool, sr: bool, n_total: int, threefry: bool | None):
+  """``kernels.rows_codes_call`` under ``custom_partitioning``: x5 (batch, R, K/16, 8, 2) shardable along the
+  batch, the rows and the blocks (a block's 8 pairs together), each shard with its slice's amax and the global SR
+  positions of its elements (:func:`_shard_keys`), as :func:`_partitioned_values`' ROWS."""
+
+  def on_shard(amax, seeds, x5, mesh=None, spec=(None, None, None, None, None)):
+    keys = _shard_keys(seeds, x5.shape, mesh, spec) if sr else None
+    return kernels.rows_codes_call(amax, keys, x5, safe=safe, interpret=interpret, n_total=n_total,
+                                   threefry=threefry, folds=seeds.shape[1] - 2)
+
+  call = custom_partitioning(lambda amax, seeds, x5: on_shard(amax, seeds, x5))
+
+  def specs(x_spec):
+    x_spec = tuple(x_spec) + (None,) * (5 - len(tuple(x_spec)))
+    a, r, b = x_spec[:3]
+    return PartitionSpec(a, r, b, None, None), PartitionSpec(a, r, b, None), PartitionSpec(a, None)
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    x, d, _ = specs(arg_shapes[-1].sharding.spec)
+    return NamedSharding(mesh, d), NamedSharding(mesh, x)
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    x, d, per_slice = specs(arg_shapes[-1].sharding.spec)
+    lower = lambda s, k, x5: on_shard(s, k, x5, mesh, tuple(x))  # noqa: E731
+    return (mesh, lower, (NamedSharding(mesh, d), NamedSharding(mesh, x)),
+            (NamedSharding(mesh, per_slice), NamedSharding(mesh, per_slice), NamedSharding(mesh, x)))
+
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="a s, a t, a r b p q -> a r b p, a r b u v",
+                     need_replication_factors=("s", "t", "p", "q"))
+  return call
+
+
 def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
                         threefry: bool | None):
   """``kernels.values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks
@@ -186,16 +250,7 @@ def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: boo
   RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3."""
 
   def on_shard(amax, seeds, bmax, x3, mesh=None, spec=(None, None, None, None)):
-    keys = None
-    if sr:
-      # x3 dims (1, 2 or 3) that hold the slice's rows and columns, and their element units
-      (dt, ut), (dn, un) = ((1, 1), (2, _BLOCK)) if layout == ROWS else ((1, _BLOCK), (3, 1))
-      t0, n0 = (random_bits.shard_start(mesh, spec[d], x3.shape[d]) * np.uint32(unit)
-                for d, unit in ((dt, ut), (dn, un)))
-      width = 1 << (seeds.shape[1] + 1).bit_length()  # a power of two >= 2 + F + 2 (Triton's blocks)
-      keys = jnp.pad(seeds, ((0, 0), (0, width - seeds.shape[1])))
-      col = lax.broadcasted_iota(jnp.uint32, keys.shape, 1)  # elementwise: XLA fuses it with the seeds' producer
-      keys = keys + jnp.where(col == width - 2, t0, np.uint32(0)) + jnp.where(col == width - 1, n0, np.uint32(0))
+    keys = _shard_keys(seeds, x3.shape, mesh, spec, *(() if layout == ROWS else ((1, _BLOCK), (3, 1)))) if sr else None
     return kernels.values_call(amax, keys, bmax, x3, layout=layout, dtype=dtype, safe=safe, interpret=interpret,
                                n_total=n_total, threefry=threefry, folds=seeds.shape[1] - 2)
 
@@ -301,16 +356,28 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, batched: bool
   return values, (amax if batched else amax[0])
 
 
-def quantize_codes(x, layout: str = COLS_RHT, *, batched: bool = False,
-                   flush_to_zero_safe: bool = False, interpret: bool = False):
-  """``(packed, scale_bytes, amax)`` of ``quantize(x, axis=0, rht=True)`` (:data:`COLS_RHT`) or of
-  ``quantize(x, block_2d=True)`` (:data:`TILES_2D`) for a :func:`codes_layout` operand x (T, N): the
-  E2M1 codes two per byte along N (T, N/2) uint8, the E4M3 scales' bytes ((T/16, N), or (T/16, N/16) for
-  tiles) uint8, the amax (post-RHT). ``batched``: x (batch, T, N), each slice its own operand (each result gets
-  the leading batch axis). ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
+def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: bool = False,
+                   key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
+  """``(packed, scale_bytes, amax)`` of ``quantize(x, axis=-1, stochastic_key=...)`` (:data:`ROWS`, x (..., K)),
+  ``quantize(x, axis=0, rht=True)`` (:data:`COLS_RHT`) or ``quantize(x, block_2d=True)`` (:data:`TILES_2D`) for a
+  :func:`codes_layout` operand (x (T, N) for the last two): the E2M1 codes two per byte along the last axis
+  ((..., K/2), (T, N/2)) uint8, the E4M3 scales' bytes ((..., K/16), (T/16, N), or (T/16, N/16) for tiles) uint8,
+  the amax (post-RHT). ``batched``: x's leading axis is a batch of operands, each its own (each result gets the
+  leading batch axis); ``key_batched``, ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
   xb = x if batched else x[None]
+  if layout == ROWS:
+    e, k = xb.shape[0], xb.shape[-1]
+    amax = formats.from_bits(_slice_amax_bits(xb))
+    seeds, threefry = _seeds(stochastic_key, e, key_batched)
+    x5 = xb.reshape(e, -1, k // _BLOCK, _BLOCK // 2, 2)
+    packed, scale_bytes = _partitioned_row_codes(flush_to_zero_safe, interpret, stochastic_key is not None, k,
+                                                 threefry)(amax[:, None], seeds, x5)
+    packed, scale_bytes = packed.reshape(xb.shape[:-1] + (k // 2,)), scale_bytes.reshape(xb.shape[:-1] + (k // _BLOCK,))
+    return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   e, t, n = xb.shape
   if layout == TILES_2D:
+    if stochastic_key is not None:
+      raise ValueError("quantize_codes: 16x16 tiles with stochastic rounding (the tile kernel rounds to nearest)")
     amax = formats.from_bits(_slice_amax_bits(xb))
     x6 = xb.reshape(e, t // _BLOCK, _BLOCK, n // _BLOCK, 8, 2)
     packed, scale_bytes = _partitioned_tiles(flush_to_zero_safe, interpret)(amax[:, None], x6)
@@ -321,18 +388,20 @@ def quantize_codes(x, layout: str = COLS_RHT, *, batched: bool = False,
   amax = formats.from_bits(amax_bits)
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
   bmax = bmax.reshape(e, t // _BLOCK, n // 2, 2)
-  packed, scale_bytes = _partitioned_codes(flush_to_zero_safe, interpret)(amax[:, None], bmax, x4)
+  seeds, threefry = _seeds(stochastic_key, e, key_batched)
+  packed, scale_bytes = _partitioned_codes(flush_to_zero_safe, interpret, stochastic_key is not None, n, threefry)(
+      amax[:, None], seeds, bmax, x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
   return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
 
 
-def quantize(x, layout: str = COLS_RHT, *, key_batched: bool = False, **kw) -> NVFP4Tensor:
-  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: batched, flush_to_zero_safe, interpret;
-  round to nearest: no key, so ``key_batched`` is moot)."""
-  del key_batched
-  packed, scale_bytes, amax = quantize_codes(x, layout, **kw)
+def quantize(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: bool = False, **kw) -> NVFP4Tensor:
+  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: key_batched, flush_to_zero_safe, interpret;
+  a key for :data:`ROWS` only). Batched, the tensor's ``axis`` is a slice's (what ``vmap`` gives back)."""
+  packed, scale_bytes, amax = quantize_codes(x, layout, stochastic_key, batched=batched, **kw)
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)
   scale = lax.bitcast_convert_type(scale_bytes, jnp.float8_e4m3fn)
   tiles = layout == TILES_2D
-  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=None if tiles else 0, block_2d=tiles, rht=not tiles,
+  axis = None if tiles else (x.ndim - 1 - batched if layout == ROWS else 0)
+  return NVFP4Tensor(data=data, scale=scale, amax=amax, axis=axis, block_2d=tiles, rht=layout == COLS_RHT,
                      e4m3_bound=E4M3_MAX)

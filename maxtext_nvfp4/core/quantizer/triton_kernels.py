@@ -8,7 +8,7 @@ blocks, in registers, the formulas of ``formulas.py``, ``hadamard.py`` and ``ran
     enc   = min(fl(1 / fl(s8 * S_dec)), FLT_MAX)                per block, from integers
     k     = E2M1 code of fl(|y| * enc)     (RNE, or SR with random_bits' byte of the element)
     v     = ±grid(k) * s8                  written once (bf16)            (values_call)
-    [or: k and the sign packed two per byte, s8's E4M3 byte]              (codes_call, tiles_call)
+    [or: k and the sign packed two per byte, s8's E4M3 byte]   (codes_call, rows_codes_call, tiles_call)
 
 Differences of form from the XLA implementation, each exact: the encode scale per block
 (``formulas.encode_from_e4m3_parts``) instead of a lookup in the 127-entry table (Triton has no gather; the
@@ -87,6 +87,16 @@ def _positions(shape, k_ref):
   t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
   n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
   return t0 + a, n0 + b * np.uint32(_BLOCK) + c
+
+
+def _pair_positions(shape, k_ref):
+  """ROWS codes: (t, n) of a (rows, blocks, 8, 2) tile (each block's 16 elements as 8 column pairs), as
+  :func:`_positions` gives them for the (rows, blocks, 16) tile of the same elements."""
+  a, b, p, q = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(4))
+  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
+  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
+  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
+  return t0 + a, n0 + b * np.uint32(_BLOCK) + p * np.uint32(2) + q
 
 
 def _group_positions(k_ref, cols: int):
@@ -224,20 +234,46 @@ def _scale_bytes(s8):
   return jnp.where(jnp.isnan(s8), 0x7F, formulas.e4m3_code(s8)).astype(jnp.uint8)
 
 
-def _codes_kernel(a_ref, b_ref, x_ref, d_ref, e_ref, *, safe: bool):
-  """COLS_RHT, RNE, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
+def _codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool):
+  """COLS_RHT, RNE or SR, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``tensor.pack``) and the E4M3 block
-  scales' bytes. (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+  scales' bytes; the same k, sign and s8 as :func:`_values_kernel`'s COLS_RHT tile (the same SR byte at each
+  position). (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+  refs = list(refs)
+  k_ref = refs.pop(0) if sr else None
+  b_ref, x_ref, d_ref, e_ref = refs
   c, s_dec = _scalars(a_ref[0])
   sums, back = _rht_columns(x_ref, safe)
   s8, enc = _block_scale(formats.from_bits(b_ref[0]), c, s_dec)
+  words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
+  if words is not None:
+    t, _ = _group_positions(k_ref, 1)
+    pairs = x_ref.shape[2]
+    p, q = (lax.broadcasted_iota(jnp.uint32, (pairs, 2), d) for d in range(2))
+    n = k_ref[k_ref.shape[0] - 1] + (pl.program_id(2) * 2 * pairs).astype(jnp.uint32) + p * np.uint32(2) + q
 
   def row(r, carry):
-    d_ref[0, r, :] = _packed_codes(*_e2m1(back(sums(r)), enc, None, safe), pair_axis=1)
+    u = None if words is None else _sr_fraction(words, t + r.astype(jnp.uint32), n, n_total)
+    d_ref[0, r, :] = _packed_codes(*_e2m1(back(sums(r)), enc, u, safe), pair_axis=1)
     return carry
 
   lax.fori_loop(0, _BLOCK, row, 0)
   e_ref[0, 0, :, :] = _scale_bytes(s8)
+
+
+def _rows_codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool):
+  """ROWS, RNE or SR, on a (rows, blocks, 8, 2) tile of x viewed as (R, K/16, 8, 2): TE's byte layout -- E2M1
+  codes two per byte along K (even column in the low nibble, as ``tensor.pack``) and each block's E4M3 scale
+  byte; the same k, sign and s8 as :func:`_values_kernel`'s ROWS tile (the same SR byte at each position)."""
+  refs = list(refs)
+  k_ref = refs.pop(0) if sr else None
+  x_ref, d_ref, e_ref = refs
+  c, s_dec = _scalars(a_ref[0])
+  xf = formats.to_f32_exact(x_ref[...])
+  u = None if k_ref is None else _sr_fraction(_sr_words(k_ref, threefry, folds), *_pair_positions(xf.shape, k_ref),
+                                              n_total)
+  k, neg, s8 = _codes_tile(xf, (2, 3), c, s_dec, u, safe)
+  d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=3), _scale_bytes(s8)
 
 
 def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, safe: bool):
@@ -313,26 +349,52 @@ def rht_amax_call(x3, *, safe: bool, interpret: bool):
   )(x3)
 
 
-@functools.partial(jax.jit, static_argnames=("safe", "interpret"))
-def codes_call(amax, bmax, x4, *, safe: bool, interpret: bool):
+@functools.partial(jax.jit, static_argnames=("safe", "interpret", "n_total", "threefry", "folds"))
+def codes_call(amax, keys, bmax, x4, *, safe: bool, interpret: bool, n_total: int = 0, threefry: bool | None = None,
+               folds: int = 0):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
-  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``bmax``: the block maxima (batch, groups, pairs, 2)
-  from :func:`rht_amax_call`."""
+  (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``keys``: SR's per-slice words as :func:`values_call`'s, or
+  None (RNE); ``bmax``: the block maxima (batch, groups, pairs, 2) from :func:`rht_amax_call`."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
   index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
+  per_slice = [a for a in (amax, keys) if a is not None]
   return pl.pallas_call(
-      functools.partial(_codes_kernel, safe=safe),
+      functools.partial(_codes_kernel, safe=safe, n_total=n_total, threefry=threefry, folds=folds,
+                        sr=keys is not None),
       out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
                  jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
-      in_specs=[_per_slice(amax), pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0)),
-                pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      in_specs=[_per_slice(a) for a in per_slice] + [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0)),
+                                                      pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
       out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
                  pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
-      name="nvfp4_codes_cols_rht",
-  )(amax, bmax, x4)
+      name="nvfp4_codes_cols_rht" + ("" if keys is None else "_sr"),
+  )(*per_slice, bmax, x4)
+
+
+@functools.partial(jax.jit, static_argnames=("safe", "interpret", "n_total", "threefry", "folds"))
+def rows_codes_call(amax, keys, x5, *, safe: bool, interpret: bool, n_total: int, threefry: bool | None, folds: int):
+  """(packed codes (batch, R, K/16, 8) uint8, scale bytes (batch, R, K/16, 1, 1) uint8) of x viewed as x5
+  (batch, R, K/16, 8, 2): 1x16 blocks along the last axis (:data:`ROWS`); ``amax`` (batch, 1); ``keys``: SR's
+  per-slice words as :func:`values_call`'s, or None (RNE)."""
+  batch, rows, blocks, _, _ = x5.shape
+  t = (_pow2_tile(rows, _MAX_ROWS), _pow2_tile(blocks, _MAX_BLOCKS))
+  per_slice = [a for a in (amax, keys) if a is not None]
+  index = lambda e, i, j: (e, i, j, 0, 0)  # noqa: E731
+  return pl.pallas_call(
+      functools.partial(_rows_codes_kernel, safe=safe, n_total=n_total, threefry=threefry, folds=folds,
+                        sr=keys is not None),
+      out_shape=(jax.ShapeDtypeStruct((batch, rows, blocks, 8), jnp.uint8),
+                 jax.ShapeDtypeStruct((batch, rows, blocks, 1, 1), jnp.uint8)),
+      grid=(batch, rows // t[0], blocks // t[1]),
+      in_specs=[_per_slice(a) for a in per_slice] + [pl.BlockSpec((None,) + t + (8, 2), index)],
+      out_specs=(pl.BlockSpec((None,) + t + (8,), lambda e, i, j: (e, i, j, 0)),
+                 pl.BlockSpec((None,) + t + (1, 1), index)),
+      interpret=interpret,
+      name="nvfp4_codes_rows" + ("" if keys is None else "_sr"),
+  )(*per_slice, x5)
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret"))
