@@ -138,7 +138,7 @@ def test_quantizer_passes_on_cpu(cpu_counts, case):
 
 
 # The calls that run as Pallas Triton kernels on XLA:GPU (core/quantizer/pallas_triton.py).
-_TRITON_CASES = ("v1d", "v1d_sr", "v0_rht_sr", "qrht", "q2d")
+_TRITON_CASES = ("v1d", "v1d_sr", "v0_rht_sr", "q1d", "qrht", "q2d")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position
 
