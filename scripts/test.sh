@@ -69,10 +69,19 @@ declare -A rc
 env_of() { case $1 in gpu|te) echo targets ;; *) echo "$1" ;; esac; }
 { has gpu || has te; } && start_build targets
 descendants() { local p; for p in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$p"; descendants "$p"; done; }
-builds_to_normal_priority() {  # lowering a nice value needs privileges: where it is refused, the builds stay at 19
+renice_builds() {  # lowering a nice value needs privileges: where it is refused, the builds stay at 19
   local b pids=()
   for b in "${builds[@]}"; do pids+=("$b" $(descendants "$b")); done
   [ "${#pids[@]}" -gt 0 ] && renice -n 0 -p "${pids[@]}" > /dev/null 2>&1 || true
+}
+builds_to_normal_priority() {
+  # Again every few seconds until the builds end: a process a build forks while the tree is being listed keeps
+  # nice 19 (its parent was not reniced yet when it forked) and starved beside the lanes (seen once: the peer
+  # environment's last step ran 10 min at nice 19 with 7 CPU-s).
+  renice_builds
+  ( while [ -n "$(for b in "${builds[@]}"; do ps -o pid= -p "$b"; done 2>/dev/null)" ]; do
+      sleep 5; renice_builds
+    done ) &
 }
 stage() {  # stage NAME CMD...: runs CMD, records its exit status and wall time
   local name=$1 t0=$SECONDS; shift
