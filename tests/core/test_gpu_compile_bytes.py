@@ -15,30 +15,16 @@ Cost: minutes of compilation (the MLP compile most of it; benchmarks/RESULTS.md 
 its own, not the core suite: skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
 """
 
-import os
 import re
-import sys
-from pathlib import Path
 
 import jax
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(_ROOT / "benchmarks" / "gpu"))
-sys.path.insert(0, str(_ROOT / "benchmarks"))
+from deviceless_gpu_stage import MARKS  # puts benchmarks/gpu and benchmarks on the path
 
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position
 
-_REASON = deviceless.unavailable_reason()
-# Minutes of compilation: the core suite skips this file; its own stage sets the variable.
-_STAGE_VAR = "MAXTEXT_NVFP4_GPU_COMPILE_TESTS"
-pytestmark = [
-    pytest.mark.skipif(os.environ.get(_STAGE_VAR) != "1",
-                       reason=f"deviceless GPU compile tests take minutes: run them as their own stage with {_STAGE_VAR}=1"),
-    pytest.mark.skipif(_REASON is not None, reason=f"deviceless GPU compile unavailable: {_REASON}"),
-    pytest.mark.skipif(jax.__version__ != "0.12.0.1",
-                       reason=f"the pinned counts are XLA's at jax 0.12.0.1 (this is {jax.__version__})"),
-]
+pytestmark = [*MARKS]  # the gpu stage's gate: MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1, the compile-only client, jax 0.12.0.1
 
 # case -> (max traffic B/element, max full-size writes, max temp MiB) at 8192x4096 bf16, H200 spec, jax
 # 0.12.0.1. With the Pallas Triton kernels (core/quantizer/pallas_triton.py): v1d and v1d_sr 6.00, i.e. x read twice

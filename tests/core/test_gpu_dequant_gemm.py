@@ -8,31 +8,17 @@ GEMM", each the measured value plus a small slack). Compile-derived (``benchmark
 A stage of its own (tens of seconds of compilation): skipped unless MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1.
 """
 
-import os
-import sys
-from pathlib import Path
 
-import jax
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(_ROOT / "benchmarks" / "gpu"))
-sys.path.insert(0, str(_ROOT / "benchmarks"))
+from deviceless_gpu_stage import MARKS  # puts benchmarks/gpu and benchmarks on the path
 
 import deviceless  # noqa: E402  pylint: disable=wrong-import-position
 import quantizer_hlo as qh  # noqa: E402  pylint: disable=wrong-import-position
 
 from maxtext_nvfp4.core import gemm_kernels  # noqa: E402  pylint: disable=wrong-import-position
 
-_REASON = deviceless.unavailable_reason()
-_STAGE_VAR = "MAXTEXT_NVFP4_GPU_COMPILE_TESTS"
-pytestmark = [
-    pytest.mark.skipif(os.environ.get(_STAGE_VAR) != "1",
-                       reason=f"deviceless GPU compile tests: run them as their own stage with {_STAGE_VAR}=1"),
-    pytest.mark.skipif(_REASON is not None, reason=f"deviceless GPU compile unavailable: {_REASON}"),
-    pytest.mark.skipif(jax.__version__ != "0.12.0.1",
-                       reason=f"the pinned counts are XLA's at jax 0.12.0.1 (this is {jax.__version__})"),
-]
+pytestmark = [*MARKS]  # the gpu stage's gate: MAXTEXT_NVFP4_GPU_COMPILE_TESTS=1, the compile-only client, jax 0.12.0.1
 
 _NAME = "nvfp4_dequant_dot"
 # SwiGLU MLP fwd+bwd T=8192 D=4096 F=14336, full recipe, H200: extra non-GEMM GiB over bf16 (XLA dot: 5.82; this
