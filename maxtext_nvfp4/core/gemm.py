@@ -462,7 +462,8 @@ def _gathered(t, gather: weight_gather_lib.WeightGather | None):
 def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None, key=None,
              row_axes: tuple[str, ...] = (), **kw):
   """``(values, amax, bound)`` of ``numerics.quantize_values(a, **kw)`` under ``rule``, per amax block when
-  ``groups`` is not (1, 1) (see AmaxGroups; ``row_axes``: where its row groups live)."""
+  ``groups`` is not (1, 1) (see AmaxGroups; ``row_axes``: where its row groups live; ``kw['amaxes']`` with one
+  block only)."""
   if groups is None or groups == (1, 1):
     v, amax = numerics.quantize_values(a, stochastic_key=key, scale_rule=rule, **kw)
   else:
@@ -472,14 +473,15 @@ def _operand(a, rule: numerics.ScaleRule, groups: tuple[int, int] | None = None,
 
 
 def _single_use(a, rule: numerics.ScaleRule, axis: int, other, other_axis: int, a_first: bool, out_dtype, key=None,
-                rht: bool = False):
+                rht: bool = False, amaxes: numerics.Amaxes | None = None):
   """A 2D operand used by one GEMM only, quantized 1x16 along its contraction ``axis``: ``_operand``'s bf16 block
   values, or -- where the GEMM reads codes (``gemm_kernels.reads_codes``: never with the default "xla") -- its
-  NVFP4Tensor (codes + scales), ``block_values`` of which are those values, bit for bit."""
+  NVFP4Tensor (codes + scales), ``block_values`` of which are those values, bit for bit. ``amaxes``: its amaxes
+  from a pass shared with another quantization of it (:func:`_dy_amaxes`), or None."""
   if gemm_kernels.reads_codes(a, axis, other, other_axis, a_first, out_dtype, rht=rht, stochastic=key is not None,
                               rule=rule):
-    return numerics.quantize(a, axis=axis, rht=rht, stochastic_key=key, scale_rule=rule)
-  return _operand(a, rule, key=key, axis=axis, rht=rht)
+    return numerics.quantize(a, axis=axis, rht=rht, stochastic_key=key, scale_rule=rule, amaxes=amaxes)
+  return _operand(a, rule, key=key, axis=axis, rht=rht, amaxes=amaxes)
 
 
 def _dequantized(t, dtype):
@@ -529,8 +531,10 @@ def _fprop(r: GemmRecipe, x, w, out_dtype, qw=None, groups: AmaxGroups | None = 
   return _nvfp4_dot(qx, qw, (1, 0), out_dtype)[:, : w.shape[1]]
 
 
-def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None, gather=None):
-  """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad (not yet gathered)."""
+def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | None = None, gather=None,
+           dy_amaxes: numerics.Amaxes | None = None):
+  """``w``: the (K, N) kernel, or (nvfp4 only) its NVFP4Tensor quantized for dgrad (not yet gathered);
+  ``dy_amaxes``: :func:`_dy_amaxes`."""
   p = r.precision("dgrad")
   if p == "bf16":
     return _plain_dot(dy, w, (1, 1), out_dtype)
@@ -545,12 +549,15 @@ def _dgrad(r: GemmRecipe, dy, w, key, k: int, out_dtype, groups: AmaxGroups | No
   if groups is not None and not groups.trivial:
     return _nvfp4_dot(_operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=1),
                       qw, (1, 1), out_dtype)
-  qdy = _single_use(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, 1, qw, 1, True, out_dtype, key=sr)
+  qdy = _single_use(_pad_to(dy, (dy.shape[0], qw.shape[1])), dy_rule, 1, qw, 1, True, out_dtype, key=sr,
+                    amaxes=dy_amaxes)
   return _nvfp4_dot(qdy, qw, (1, 1), out_dtype)[:, :k]
 
 
-def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = None):
-  """``x``: the (M, K) activations, or (nvfp4 only) their NVFP4Tensor quantized for wgrad."""
+def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = None,
+           dy_amaxes: numerics.Amaxes | None = None):
+  """``x``: the (M, K) activations, or (nvfp4 only) their NVFP4Tensor quantized for wgrad; ``dy_amaxes``:
+  :func:`_dy_amaxes`."""
   p = r.precision("wgrad")
   if p == "bf16":
     return _plain_dot(x, dy, (0, 0), out_dtype)
@@ -565,7 +572,8 @@ def _wgrad(r: GemmRecipe, x, dy, key, out_dtype, groups: AmaxGroups | None = Non
   if groups is not None and not groups.trivial:
     qdy = _operand(dy, dy_rule, (groups.tokens, groups.dy_n), sr, row_axes=groups.token_axes, axis=0, rht=r.rht)
     return _nvfp4_dot(qx, qdy, (0, 0), out_dtype, groups.token_axes)
-  qdy = _single_use(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, 0, qx, 0, False, out_dtype, key=sr, rht=r.rht)
+  qdy = _single_use(_pad_to(dy, (qx.shape[0], dy.shape[1])), dy_rule, 0, qx, 0, False, out_dtype, key=sr, rht=r.rht,
+                    amaxes=dy_amaxes)
   return _nvfp4_dot(qx, qdy, (0, 0), out_dtype)
 
 
@@ -648,6 +656,22 @@ def _gemm2d_fwd(static, x, w, use_switched, key):
   return y, (x_res, w_res, use_switched, key)
 
 
+def _dy_amaxes(static: _Static, dy) -> numerics.Amaxes | None:
+  """dy's amaxes for both of its quantizations -- 1x16 along N for dgrad, RHT along the tokens for wgrad -- from
+  one read of dy (``numerics.amaxes``: a kernel on XLA:GPU, as TE's ``nvte_hadamard_transform_amax``), where every
+  branch quantizes dy for both passes with TE's standard rule, one amax per tensor, RHT on, and the GEMM
+  implementation is not the default "xla"; else None (each pass takes its own amax). The same amaxes either way:
+  the same bits. Not under "xla": XLA:GPU schedules that program's peak a few MiB higher with the shared pass
+  (benchmarks/RESULTS.md), and its memory stays today's until a GPU run weighs the trade."""
+  if gemm_kernels.requested() == "xla" or not (static._same("dgrad") and static._same("wgrad")):
+    return None
+  r = static.recipe
+  if not r.rht or (static.groups is not None and not static.groups.trivial) or \
+      r.scale_rule("gradient") != numerics.STANDARD_RULE:
+    return None
+  return numerics.amaxes(_pad_to(dy, (_round_up(dy.shape[0]), dy.shape[1])))
+
+
 def _gemm2d_bwd(static, res, dy):
   x, w, use_switched, key = res
   # dy's producer (outside this GEMM: e.g. the SiLU gradient making dh_gate and dh_up from gate, up and dh)
@@ -659,13 +683,14 @@ def _gemm2d_bwd(static, res, dy):
   dy = lax.optimization_barrier(dy)
   kd, kw = sr_keys(key) if key is not None else (None, None)
   g = static.groups
+  dy_amaxes = _dy_amaxes(static, dy)
   dx = _select(use_switched, static, "dgrad",
-               lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g, static.gather))
+               lambda r: _dgrad(r, dy, w, kd, static.k, static.x_dtype, g, static.gather, dy_amaxes))
   # dgrad before the wgrad operands exist: each pass's full-size quantized operands are dead before the
   # next pass makes its own (XLA:GPU otherwise fused the element passes of both into one kernel, and with
   # it all of their outputs were live at once). Ordering only: the same bits.
-  dx, dy = lax.optimization_barrier((dx, dy))
-  dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype, g))
+  dx, dy, dy_amaxes = lax.optimization_barrier((dx, dy, dy_amaxes))
+  dw = _select(use_switched, static, "wgrad", lambda r: _wgrad(r, x, dy, kw, static.w_dtype, g, dy_amaxes))
   return dx, dw, None, None
 
 

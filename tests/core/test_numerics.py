@@ -575,7 +575,7 @@ def test_gpu_lowering_of_the_quantizer_has_no_loop():
   fns = {
       # the XLA form (on XLA:GPU a Triton kernel takes unbatched calls: tests/core/test_quantizer_hlo.py)
       "rht+sr values": lambda x, k: xla.quantize_values(x, k, 0, False, True, jnp.bfloat16),
-      "1d sr": lambda x, k: api._quantize_impl(x, k, 1, False, False, nv.STANDARD_RULE, "auto", ""),
+      "1d sr": lambda x, k: api._quantize_impl(x, k, None, 1, False, False, nv.STANDARD_RULE, "auto", ""),
       "2d": lambda x, k: xla.quantize(x, None, None, True, False),
   }
   for name, fn in fns.items():

@@ -526,7 +526,11 @@ def test_kernels_use_no_float_neg_min_or_max():
   calls = [lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, k),
            lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k),
            lambda x, k: pt.quantize_codes(x, pt.COLS_RHT),
-           lambda x, k: pt.quantize_codes(x, pt.TILES_2D)]
+           lambda x, k: pt.quantize_codes(x, pt.TILES_2D),
+           # the shared amax pass, and the RHT kernels that take their block maxima from their own tiles
+           lambda x, k: pt.amaxes(x),
+           lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k, amaxes=pt.amaxes(x)),
+           lambda x, k: pt.quantize_codes(x, pt.COLS_RHT, k, amaxes=pt.amaxes(x))]
   for call in calls:
     kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
     assert kernels, "no pallas_call found: the check would pass vacuously"

@@ -67,6 +67,11 @@ def _requested(implementation: str | None) -> tuple[str, str]:
   return implementation, f"implementation={implementation!r}"
 
 
+def requested(implementation: str | None = None) -> str:
+  """The GEMM implementation asked for: ``implementation``, else ``MAXTEXT_NVFP4_GEMM_IMPL``, else "xla"."""
+  return _requested(implementation)[0]
+
+
 def _view(q, contract_axis: int):
   """(stored 2D array, Operand, parts) of one GEMM operand: an NVFP4Tensor (codes and scales) or a
   ``(values, amax, bound)`` triple (bf16 values)."""

@@ -30,6 +30,7 @@ for (:func:`_compilable_kernel_platforms`); the log line names the default devic
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -65,6 +66,7 @@ from maxtext_nvfp4.core.quantizer.tensor import (
 )
 
 __all__ = [
+    "Amaxes",
     "BLOCK",
     "E2M1_MAX",
     "E4M3_MAX",
@@ -76,6 +78,7 @@ __all__ = [
     "RHT_SIGNS",
     "STANDARD_RULE",
     "ScaleRule",
+    "amaxes",
     "as_numpy",
     "block_values",
     "dequantize",
@@ -97,6 +100,17 @@ _AUTO = "auto"
 
 class ImplementationUnavailableError(ValueError):
   """A forced implementation cannot compute this call (the message names the call's obstacle and the fix)."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Amaxes:
+  """The amaxes of a 2D operand x (T, N) for its 1x16 quantizations, from one pass (:func:`amaxes`)."""
+
+  # max |x| (fp32): the amax of x's quantizations without RHT, along either axis
+  amax: jax.Array
+  # max |RHT(x)| along axis 0 (fp32): the amax of quantize(x, axis=0, rht=True)
+  rht_amax: jax.Array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,9 +179,10 @@ def _default_platform() -> str:
 # ----------------------------------------------------------------------------------------------
 # The dispatch
 # ----------------------------------------------------------------------------------------------
-def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_form):
-  """The implementation of one call: ``xla_form(x)`` (the key closed over) or a kernel implementation's
-  ``kernel(x, *key, **kw)`` (``kw``: batched, key_batched, interpret and, for "triton", flush_to_zero_safe).
+def _dispatch(request: str, source: str, x, extras: tuple, forms: dict, xla_form):
+  """The implementation of one call: ``xla_form(x)`` (``extras`` closed over) or a kernel implementation's
+  ``kernel(x, *extras, **kw)`` (``extras``: the call's other traced arguments -- the SR key and the given amaxes,
+  either None -- or none; ``kw``: batched, key_batched, interpret and, for "triton", flush_to_zero_safe).
   ``forms``: {implementation: ((layout, refusal), kernel)} of ``pallas_triton`` and ``pallas_mosaic_tpu``.
 
   Automatic: ``lax.platform_dependent`` between each kernel implementation on its platform (Triton on XLA:GPU,
@@ -176,7 +191,7 @@ def _dispatch(request: str, source: str, x, stochastic_key, forms: dict, xla_for
   """
   if request == "xla":
     return xla_form(x)
-  keys = () if stochastic_key is None else (stochastic_key,)
+  keys = extras
   if request in forms:
     (layout, refusal), kernel = forms[request]
     if layout is None:
@@ -222,26 +237,30 @@ def _kernel_unless_vmapped(kernel, xla_form, *args, source: str = "", log: bool 
     elif log:
       _leave_kernels(_AUTO, "", reason, impl)
 
-  def rule(in_batched, x, *key):
+  def rule(in_batched, x, *extras):
     vxla = None if xla_form is None else _vmapped(xla_form, in_batched)
     if not in_batched[0]:
-      leave("a vmap of the stochastic-rounding key alone (the operand unbatched)")
-      return vxla(x, *key)
+      leave("a vmap of the stochastic-rounding key or the given amaxes alone (the operand unbatched)")
+      return vxla(x, *extras)
     if pallas_triton.explicitly_sharded(x):
       leave("a vmapped operand whose type carries a sharding (pallas_call takes unsharded types)")
-      return vxla(x, *key)
-    key_leaves = jax.tree_util.tree_leaves(in_batched[1:])
+      return vxla(x, *extras)
+    # (key, amaxes) when the call has extras: the key's leaves say whether each slice has its own key; any
+    # unbatched leaf -- a FoldedKey's shared start key, amaxes given once -- is broadcast to the slices
+    key_leaves = jax.tree_util.tree_leaves(in_batched[1:2])
     key_batched = any(key_leaves)
+    broadcast = lambda a, b: a if b else jnp.broadcast_to(a, x.shape[:1] + jnp.shape(a))  # noqa: E731
     if key_batched and not all(key_leaves):  # a FoldedKey's start key shared, its fold data per slice
-      key = jax.tree_util.tree_map(lambda a, b: a if b else jnp.broadcast_to(a, x.shape[:1] + a.shape), key,
-                                   tuple(in_batched[1:]))
-    once = lambda x, *key: kernel(x, *key, batched=True, key_batched=key_batched)  # noqa: E731
+      extras = (jax.tree_util.tree_map(broadcast, extras[0], in_batched[1]),) + extras[1:]
+    if len(extras) > 1 and extras[1] is not None:
+      extras = extras[:1] + (jax.tree_util.tree_map(broadcast, extras[1], in_batched[2]),)
+    once = lambda x, *extras: kernel(x, *extras, batched=True, key_batched=key_batched)  # noqa: E731
 
     def twice(inner, *a):
       leave("a second vmap (per-block amax scopes)")
       return _vmapped(vxla, inner)(*a)
 
-    return _with_vmap_rule(once, twice, x, *key)
+    return _with_vmap_rule(once, twice, x, *extras)
 
   return _with_vmap_rule(kernel, rule, *args)
 
@@ -263,37 +282,61 @@ def _with_vmap_rule(fn, rule, *args):
   return wrapped(*args)
 
 
-def _quantize_impl(x, stochastic_key, axis_n, block_2d, rht, rule, request, source):
+def _given_amax(amaxes, rht: bool):
+  """The amax an RHT (or plain) 1x16 quantization takes from :class:`Amaxes` ``amaxes`` (None: none given)."""
+  return None if amaxes is None else (amaxes.rht_amax if rht else amaxes.amax)
+
+
+def _quantize_impl(x, stochastic_key, amaxes, axis_n, block_2d, rht, rule, request, source):
   """The traced body of :func:`quantize` (arguments validated; ``axis_n`` non-negative or None)."""
-  xla_form = lambda x, key=stochastic_key: xla.quantize(x, key, axis_n, block_2d, rht, rule)  # noqa: E731
+  xla_form = lambda x, key=stochastic_key, am=amaxes: xla.quantize(  # noqa: E731
+      x, key, axis_n, block_2d, rht, rule, _given_amax(am, rht))
   sr = stochastic_key is not None
   triton_plan = pallas_triton.codes_layout(x, axis_n, block_2d, rht, rule, sr)
   tpu_plan = pallas_mosaic_tpu.codes_layout(x, axis_n, block_2d, rht, rule, sr)
   forms = {
-      "triton": (triton_plan, lambda x, *key, **kw: pallas_triton.quantize(x, triton_plan[0], *key, **kw)),
-      "mosaic_tpu": (tpu_plan, lambda x, *key, **kw: pallas_mosaic_tpu.quantize(x, tpu_plan[0], *key, **kw)),
+      "triton": (triton_plan, lambda x, key, am, **kw: pallas_triton.quantize(
+          x, triton_plan[0], key, amaxes=_kernel_amaxes(am), **kw)),
+      # Mosaic's kernels take their amaxes in passes of their own (the given ones unused: the same values)
+      "mosaic_tpu": (tpu_plan, lambda x, key, am, **kw: pallas_mosaic_tpu.quantize(x, tpu_plan[0], key, **kw)),
   }
-  return _dispatch(request, source, x, stochastic_key, forms, xla_form)
+  return _dispatch(request, source, x, (stochastic_key, amaxes), forms, xla_form)
 
 
-def _quantize_values_impl(x, stochastic_key, axis_n, block_2d, rht, dtype, rule, request, source):
+def _quantize_values_impl(x, stochastic_key, amaxes, axis_n, block_2d, rht, dtype, rule, request, source):
   """The traced body of :func:`quantize_values`."""
-  xla_form = lambda x, key=stochastic_key: xla.quantize_values(x, key, axis_n, block_2d, rht, dtype, rule)  # noqa: E731
+  xla_form = lambda x, key=stochastic_key, am=amaxes: xla.quantize_values(  # noqa: E731
+      x, key, axis_n, block_2d, rht, dtype, rule, _given_amax(am, rht))
   triton_plan = pallas_triton.values_layout(x, axis_n, block_2d, rht, rule)
   tpu_plan = pallas_mosaic_tpu.values_layout(x, axis_n, block_2d, rht, rule)
   forms = {
-      "triton": (triton_plan,
-                 lambda x, *key, **kw: pallas_triton.quantize_values(x, dtype, triton_plan[0], *key, **kw)),
-      "mosaic_tpu": (tpu_plan,
-                     lambda x, *key, **kw: pallas_mosaic_tpu.quantize_values(x, dtype, tpu_plan[0], *key, **kw)),
+      "triton": (triton_plan, lambda x, key, am, **kw: pallas_triton.quantize_values(
+          x, dtype, triton_plan[0], key, amaxes=_kernel_amaxes(am), **kw)),
+      "mosaic_tpu": (tpu_plan, lambda x, key, am, **kw: pallas_mosaic_tpu.quantize_values(
+          x, dtype, tpu_plan[0], key, **kw)),
   }
-  return _dispatch(request, source, x, stochastic_key, forms, xla_form)
+  return _dispatch(request, source, x, (stochastic_key, amaxes), forms, xla_form)
+
+
+def _kernel_amaxes(amaxes):
+  """:class:`Amaxes` as ``pallas_triton``'s (amax, rht_amax, block maxima), or None."""
+  return None if amaxes is None else (amaxes.amax, amaxes.rht_amax)
+
+
+def _amaxes_impl(x, request, source):
+  """The traced body of :func:`amaxes` (a kernel implementation's pass; the caller checked that one applies)."""
+  as_amaxes = lambda t: Amaxes(amax=t[0], rht_amax=t[1])  # noqa: E731
+  xla_form = lambda x: as_amaxes(xla.amaxes(x))  # noqa: E731
+  plan = pallas_triton.values_layout(x, 0, False, True, STANDARD_RULE)
+  forms = {"triton": (plan, lambda x, **kw: as_amaxes(pallas_triton.amaxes(x, **kw)))}
+  return _dispatch("triton" if request == "triton" else _AUTO, source, x, (), forms, xla_form)
 
 
 # One compiled program per (shape, dtype, mode): eager op-by-op dispatch of the ~100 small ops of the quantizer
 # costs seconds of compilation per new shape. Inside an outer jit this simply inlines.
-_quantize_jit = jax.jit(_quantize_impl, static_argnums=(2, 3, 4, 5, 6, 7))
-_quantize_values_jit = jax.jit(_quantize_values_impl, static_argnums=(2, 3, 4, 5, 6, 7, 8))
+_quantize_jit = jax.jit(_quantize_impl, static_argnums=(3, 4, 5, 6, 7, 8))
+_quantize_values_jit = jax.jit(_quantize_values_impl, static_argnums=(3, 4, 5, 6, 7, 8, 9))
+_amaxes_jit = jax.jit(_amaxes_impl, static_argnums=(1, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,8 +375,23 @@ def _validate(x, axis, block_2d, rht, scale_rule: ScaleRule | None, stochastic: 
   return x, axis_n, rule
 
 
+def _check_amaxes(amaxes, x, axis_n, block_2d: bool, rht: bool, rule: ScaleRule):
+  """A given :class:`Amaxes` fits this call: TE's standard rule, 1x16 blocks, with RHT along axis 0 of a 2D x."""
+  if amaxes is None:
+    return
+  if not isinstance(amaxes, Amaxes):
+    raise TypeError(f"amaxes must be an Amaxes (from amaxes(x)), got {type(amaxes).__name__}")
+  if block_2d or rule != STANDARD_RULE:
+    raise ValueError("amaxes= is for 1x16 blocks under TE's standard rule (16x16 tiles, 4over6, row-scaled and"
+                     " E4M3 bound 256 take their own amax): drop amaxes=")
+  if rht and (x.ndim != 2 or axis_n != 0):
+    raise ValueError(f"amaxes= with rht=True is for the RHT along axis 0 of a 2D x (what amaxes(x) computes), got"
+                     f" x {tuple(x.shape)} with axis {axis_n}: drop amaxes=")
+
+
 def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None,
-             scale_rule: ScaleRule | None = None, implementation: str | None = None) -> NVFP4Tensor:
+             scale_rule: ScaleRule | None = None, implementation: str | None = None,
+             amaxes: "Amaxes | None" = None) -> NVFP4Tensor:
   """Quantize ``x`` to NVFP4 exactly as TE's kernels do (the formulas: ``formulas.py``'s docstring).
 
   Args:
@@ -349,6 +407,9 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
       rule). With 16x16 tiles and 4over6, ``axis`` is the axis along which each tile row's error is summed (TE's
       rowwise copy of a matrix: the last axis; its columnwise copy: axis 0).
     implementation: "xla", "triton", "mosaic_tpu", or None (automatic; the module docstring).
+    amaxes: :func:`amaxes` of ``x`` (or of ``x`` with zero rows or columns appended, for a call without RHT),
+      used instead of this call's own amax pass (1x16 blocks, TE's standard rule): the same bits from one read
+      of x less. Any other value gives other bits.
 
   Raises:
     TypeError: non-floating input.
@@ -357,12 +418,13 @@ def quantize(x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, st
     ImplementationUnavailableError: a forced implementation that cannot compute this call.
   """
   x, axis_n, rule = _validate(x, axis, block_2d, rht, scale_rule, stochastic_key is not None)
-  return _quantize_jit(x, stochastic_key, axis_n, block_2d, rht, rule, *_requested(implementation))
+  _check_amaxes(amaxes, x, axis_n, block_2d, rht, rule)
+  return _quantize_jit(x, stochastic_key, amaxes, axis_n, block_2d, rht, rule, *_requested(implementation))
 
 
 def quantize_values(
     x, *, axis: int = -1, block_2d: bool = False, rht: bool = False, stochastic_key=None, dtype=jnp.bfloat16,
-    scale_rule: ScaleRule | None = None, implementation: str | None = None,
+    scale_rule: ScaleRule | None = None, implementation: str | None = None, amaxes: "Amaxes | None" = None,
 ):
   """``(block_values(t, dtype), t.amax)`` for ``t = quantize(x, ...)``, bit for bit, in one pass.
 
@@ -371,5 +433,40 @@ def quantize_values(
   (a software convert on XLA:CPU). Same arguments and errors as :func:`quantize`.
   """
   x, axis_n, rule = _validate(x, axis, block_2d, rht, scale_rule, stochastic_key is not None)
-  return _quantize_values_jit(x, stochastic_key, axis_n, block_2d, rht, jnp.dtype(dtype), rule,
+  _check_amaxes(amaxes, x, axis_n, block_2d, rht, rule)
+  return _quantize_values_jit(x, stochastic_key, amaxes, axis_n, block_2d, rht, jnp.dtype(dtype), rule,
                               *_requested(implementation))
+
+
+def amaxes(x, *, implementation: str | None = None) -> "Amaxes | None":
+  """Both amaxes of a 2D operand x (T, N) from one read of it, where a kernel computes them (TE's
+  ``nvte_hadamard_transform_amax``: the amax of x and of its RHT along axis 0 in one kernel), for the two
+  quantizations of an operand that two GEMMs use (dy: 1x16 along N for dgrad, RHT along T for wgrad)::
+
+      Amaxes(amax = max |x|,  rht_amax = max |RHT(x)| along axis 0)
+
+  Pass the result as ``quantize(..., amaxes=)`` / ``quantize_values(..., amaxes=)``: each call then skips its
+  own amax pass (on XLA:GPU the quantizer reads x three times instead of four; the RHT kernels take their block
+  maxima from their own tiles, so only the two scalars live between the passes). None where no kernel computes
+  them -- implementation "xla" or "mosaic_tpu", or automatic in a process that cannot compile for XLA:GPU, or an
+  operand the Triton kernels refuse: the quantize calls then take their own amaxes, as without it.
+
+  Args:
+    x: a 2D bf16 or fp32 array whose row count is a multiple of 16.
+    implementation: as :func:`quantize`'s ("triton": the kernel, interpreted off XLA:GPU).
+  """
+  x = jnp.asarray(x)
+  if x.ndim != 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f"amaxes: a 2D floating-point operand, got shape {x.shape} dtype {x.dtype}")
+  check_block_dim(x.shape, 0)
+  request, source = _requested(implementation)
+  if request in ("xla", "mosaic_tpu"):
+    return None
+  layout, refusal = pallas_triton.values_layout(x, 0, False, True, STANDARD_RULE)
+  if layout is None:
+    if request == "triton":
+      raise ImplementationUnavailableError(f"{source} cannot compute amaxes of this operand: {refusal}")
+    return None
+  if request == _AUTO and "cuda" not in _compilable_kernel_platforms(_default_platform()):
+    return None
+  return _amaxes_jit(x, request, source)

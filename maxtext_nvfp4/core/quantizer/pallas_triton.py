@@ -42,7 +42,7 @@ from maxtext_nvfp4.core.quantizer.formulas import E4M3_MAX, STANDARD_RULE, Scale
 from maxtext_nvfp4.core.quantizer.tensor import NVFP4Tensor
 from maxtext_nvfp4.core.quantizer.triton_kernels import COLS_RHT, ROWS, TILES_2D
 
-__all__ = ["COLS_RHT", "ROWS", "TILES_2D", "codes_layout", "explicitly_sharded", "quantize", "quantize_codes",
+__all__ = ["COLS_RHT", "ROWS", "TILES_2D", "amaxes", "codes_layout", "explicitly_sharded", "quantize", "quantize_codes",
            "quantize_values", "values_layout"]
 
 
@@ -166,22 +166,31 @@ def _partitioned_tiles(safe: bool, interpret: bool):
 
 
 def _partitioned_codes(safe: bool, interpret: bool, sr: bool = False, n_total: int = 0,
-                       threefry: bool | None = None):
+                       threefry: bool | None = None, maxima: bool = True):
   """``kernels.codes_call`` per device: groups and column pairs shardable, the 16 rows of a group and the 2
-  columns of a pair together; the block maxima sharded as x4 without its 16 axis; SR positions the global ones
-  (:func:`_shard_keys`: groups of 16 rows on x4's dim 1, pairs of columns on its dim 3)."""
+  columns of a pair together; the block maxima (``maxima``; else the kernel takes them from its tiles) sharded
+  as x4 without its 16 axis; SR positions the global ones (:func:`_shard_keys`: groups of 16 rows on x4's dim 1,
+  pairs of columns on its dim 3)."""
 
   def on_shard(amax, seeds, bmax, x4, mesh=None, spec=(None,) * 5):
     keys = _shard_keys(seeds, x4.shape, mesh, spec, rows=(1, _BLOCK), cols=(3, 2)) if sr else None
     return kernels.codes_call(amax, keys, bmax, x4, safe=safe, interpret=interpret, n_total=n_total,
                               threefry=threefry, folds=seeds.shape[1] - 2)
 
-  def encode(amax, seeds, bmax, x4):  # custom_partitioning binds every parameter of its function: four
-    return on_shard(amax, seeds, bmax, x4)
+  # custom_partitioning binds every parameter of its function: four, or three without the block maxima
+  if maxima:
+    def encode(amax, seeds, bmax, x4):
+      return on_shard(amax, seeds, bmax, x4)
 
-  return _partitioned_encoder(encode, 5, "a s, a t, a g h p, a g e h p -> a g e h, a g o h p",
-                              ("s", "t", "p", "e"),  # need_replication: in the rule's order
-                              lower=lambda mesh, spec: lambda s, k, b, x: on_shard(s, k, b, x, mesh, spec))
+    return _partitioned_encoder(encode, 5, "a s, a t, a g h p, a g e h p -> a g e h, a g o h p",
+                                ("s", "t", "p", "e"),  # need_replication: in the rule's order
+                                lower=lambda mesh, spec: lambda s, k, b, x: on_shard(s, k, b, x, mesh, spec))
+
+  def encode_tiles(amax, seeds, x4):
+    return on_shard(amax, seeds, None, x4)
+
+  return _partitioned_encoder(encode_tiles, 5, "a s, a t, a g e h p -> a g e h, a g o h p", ("s", "t", "e", "p"),
+                              lower=lambda mesh, spec: lambda s, k, x: on_shard(s, k, None, x, mesh, spec))
 
 
 
@@ -242,12 +251,13 @@ def _partitioned_row_codes(safe: bool, interpret: bool, sr: bool, n_total: int, 
 
 
 def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: bool, n_total: int,
-                        threefry: bool | None):
+                        threefry: bool | None, maxima: bool = True):
   """``kernels.values_call`` under ``custom_partitioning``: each device quantizes its own shard's whole blocks
   with its slice's amax; SR positions are the global ones (the shard's first row and column, from the mesh
   axis indices), so the SR bits do not depend on the mesh, as the XLA form's iotas do not. ``seeds``:
   (batch, 2 + F), each slice's key words and F fold data (:func:`_seeds`); COLS_RHT's call also takes the
-  RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3."""
+  RHT-amax kernel's block maxima (batch, groups, columns) before x3, sharded as x3 (``maxima``; else the
+  kernel takes them from its tiles)."""
 
   def on_shard(amax, seeds, bmax, x3, mesh=None, spec=(None, None, None, None)):
     keys = _shard_keys(seeds, x3.shape, mesh, spec, *(() if layout == ROWS else ((1, _BLOCK), (3, 1)))) if sr else None
@@ -255,7 +265,7 @@ def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: boo
                                n_total=n_total, threefry=threefry, folds=seeds.shape[1] - 2)
 
   # custom_partitioning binds every parameter of its function: three or four
-  block_maxima = layout == COLS_RHT
+  block_maxima = layout == COLS_RHT and maxima
   if block_maxima:
     def run(amax, seeds, bmax, x3):
       return on_shard(amax, seeds, bmax, x3)
@@ -282,31 +292,38 @@ def _partitioned_values(layout: str, dtype, safe: bool, interpret: bool, sr: boo
       maxima = ()
     return mesh, lower, x_sharding, (per_slice, per_slice, *maxima, x_sharding)
 
-  rule = "a s, a t, a r b e -> a r b e" if layout == ROWS else "a s, a t, a g c, a g e c -> a g e c"
+  rule = ("a s, a t, a r b e -> a r b e" if layout == ROWS else
+          "a s, a t, a g c, a g e c -> a g e c" if block_maxima else "a s, a t, a g e c -> a g e c")
   call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule=rule,
                      need_replication_factors=("s", "t", "e"))
   return call
 
 
 def _rht_block_maxima(x3, safe: bool, interpret: bool):
-  """(block maxima (batch, groups, columns), each slice's max |RHT(x)| (batch,)), both as
-  :func:`kernels.abs_bits` (a NaN as the quiet NaN): the RHT-amax kernel's output and XLA's max over it (in
+  """(block maxima (batch, groups, columns) as :func:`kernels.block_maxima_bits`, each slice's max |RHT(x)| (batch,)
+  as :func:`kernels.abs_bits`), a NaN as the quiet NaN: the RHT-amax kernel's output and XLA's max over it (in
   uint32, as :func:`_slice_amax_bits`)."""
   bmax = _partitioned_rht_amax(safe, interpret)(x3)
-  return bmax, jnp.max(bmax.astype(jnp.uint32), axis=(1, 2))
+  return bmax, _max_of_block_maxima(bmax)
 
 
-def _partitioned_rht_amax(safe: bool, interpret: bool):
+def _max_of_block_maxima(bmax):
+  """Each slice's max of its uint16 block maxima, as fp32 bits (uint32)."""
+  return jnp.max(bmax.astype(jnp.uint32) << 16, axis=(1, 2))
+
+
+def _partitioned_rht_amax(safe: bool, interpret: bool, plain: bool = False):
   """``kernels.rht_amax_call`` under ``custom_partitioning``: tile maxima of each device's shard (the caller's
-  max over them is XLA's, across devices)."""
+  max over them is XLA's, across devices); ``plain``: also those of |x|, sharded alike."""
 
   def run(x3):
-    return kernels.rht_amax_call(x3, safe=safe, interpret=interpret)
+    return kernels.rht_amax_call(x3, safe=safe, interpret=interpret, plain=plain)
 
   call = custom_partitioning(run)
 
   def out_sharding(mesh, x_spec):
-    return NamedSharding(mesh, PartitionSpec(x_spec[0], x_spec[1], x_spec[3]))
+    one = NamedSharding(mesh, PartitionSpec(x_spec[0], x_spec[1], x_spec[3]))
+    return (one, one) if plain else one
 
   def infer(mesh, arg_shapes, result_shape):
     del result_shape
@@ -317,9 +334,37 @@ def _partitioned_rht_amax(safe: bool, interpret: bool):
     x_spec = _x3_spec(COLS_RHT, arg_shapes[0].sharding.spec)
     return mesh, run, out_sharding(mesh, x_spec), (NamedSharding(mesh, x_spec),)
 
-  call.def_partition(partition=partition, infer_sharding_from_operands=infer, sharding_rule="a g e c -> a g c",
+  call.def_partition(partition=partition, infer_sharding_from_operands=infer,
+                     sharding_rule="a g e c -> a g c, a g c" if plain else "a g e c -> a g c",
                      need_replication_factors=("e",))
   return call
+
+
+def amaxes(x, *, batched: bool = False, key_batched: bool = False, flush_to_zero_safe: bool = False,
+           interpret: bool = False):
+  """``(max |x|, max |RHT(x)|)`` of a 2D x (T, N) (``batched``: (E, T, N), each slice its own) from one kernel
+  pass over x (:func:`kernels.rht_amax_call` with ``plain``): the amax of x's 1x16 quantizations without RHT and
+  that of ``quantize(x, axis=0, rht=True)``. Given to :func:`quantize_codes` / :func:`quantize_values`, the RHT
+  kernels then take their block maxima from their own tiles, so nothing but the two scalars lives between this
+  pass and theirs. ``key_batched``: unused (the dispatch's vmap rule passes it); the other flags as
+  :func:`quantize_values`."""
+  del key_batched
+  xb = x if batched else x[None]
+  e, t, n = xb.shape
+  bmax, plain = _partitioned_rht_amax(flush_to_zero_safe, interpret, plain=True)(
+      xb.reshape(e, t // _BLOCK, _BLOCK, n))
+  plain = plain.astype(jnp.uint32) << 16 if plain.dtype == jnp.uint16 else plain.astype(jnp.uint32)
+  amax = formats.from_bits(jnp.max(formats.canonical_nan_bits(plain), axis=(1, 2)))
+  rht_amax = formats.from_bits(_max_of_block_maxima(bmax))
+  return (amax, rht_amax) if batched else (amax[0], rht_amax[0])
+
+
+def _given(amaxes, layout: str, batched: bool):
+  """The amax (batch,) of ``layout``'s call from :func:`amaxes`' pair, batch first; None when none was given."""
+  if amaxes is None:
+    return None
+  amax, rht_amax = amaxes if batched else (a[None] for a in amaxes)
+  return amax if layout == ROWS else rht_amax
 
 
 _seeds = random_bits.kernel_seeds
@@ -328,10 +373,11 @@ _seeds = random_bits.kernel_seeds
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
-def quantize_values(x, dtype, layout: str, stochastic_key=None, *, batched: bool = False,
+def quantize_values(x, dtype, layout: str, stochastic_key=None, *, amaxes=None, batched: bool = False,
                     key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(values, amax)`` of ``quantize_values(x, axis=..., rht=..., stochastic_key=..., dtype=dtype)`` for
-  the call :func:`values_layout` gave ``layout``.
+  the call :func:`values_layout` gave ``layout``; ``amaxes``: x's :func:`amaxes` (batched alike), which then
+  replace this call's own amax pass.
 
   ``batched``: x's leading axis is a batch of independent operands (``vmap``'s: one amax, one SR key and the
   SR positions of each slice; the amax comes back per slice), ``key_batched``: one key per slice (else the one
@@ -341,33 +387,39 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, batched: bool
   """
   xb = x if batched else x[None]
   e = xb.shape[0]
+  given = _given(amaxes, layout, batched)
   if layout == ROWS:
     x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
-    maxima, amax_bits = [], _slice_amax_bits(xb)
-  else:
+    maxima = []
+    amax = formats.from_bits(_slice_amax_bits(xb)) if given is None else given
+  elif given is None:
     x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
     bmax, amax_bits = _rht_block_maxima(x3, flush_to_zero_safe, interpret)
-    maxima = [bmax]
-  amax = formats.from_bits(amax_bits)
+    amax, maxima = formats.from_bits(amax_bits), [bmax]
+  else:
+    x3 = xb.reshape(e, xb.shape[1] // _BLOCK, _BLOCK, xb.shape[2])
+    amax, maxima = given, []
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
   call = _partitioned_values(layout, jnp.dtype(dtype), flush_to_zero_safe, interpret, stochastic_key is not None,
-                             x.shape[-1], threefry)
+                             x.shape[-1], threefry, maxima=bool(maxima))
   values = call(amax[:, None], seeds, *maxima, x3).reshape(x.shape)
   return values, (amax if batched else amax[0])
 
 
-def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: bool = False,
+def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, amaxes=None, batched: bool = False,
                    key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(packed, scale_bytes, amax)`` of ``quantize(x, axis=-1, stochastic_key=...)`` (:data:`ROWS`, x (..., K)),
   ``quantize(x, axis=0, rht=True)`` (:data:`COLS_RHT`) or ``quantize(x, block_2d=True)`` (:data:`TILES_2D`) for a
   :func:`codes_layout` operand (x (T, N) for the last two): the E2M1 codes two per byte along the last axis
   ((..., K/2), (T, N/2)) uint8, the E4M3 scales' bytes ((..., K/16), (T/16, N), or (T/16, N/16) for tiles) uint8,
   the amax (post-RHT). ``batched``: x's leading axis is a batch of operands, each its own (each result gets the
-  leading batch axis); ``key_batched``, ``flush_to_zero_safe`` and ``interpret``: as :func:`quantize_values`."""
+  leading batch axis); ``amaxes`` (not for TILES_2D), ``key_batched``, ``flush_to_zero_safe`` and ``interpret``:
+  as :func:`quantize_values`."""
   xb = x if batched else x[None]
+  given = _given(amaxes, layout, batched)
   if layout == ROWS:
     e, k = xb.shape[0], xb.shape[-1]
-    amax = formats.from_bits(_slice_amax_bits(xb))
+    amax = formats.from_bits(_slice_amax_bits(xb)) if given is None else given
     seeds, threefry = _seeds(stochastic_key, e, key_batched)
     x5 = xb.reshape(e, -1, k // _BLOCK, _BLOCK // 2, 2)
     packed, scale_bytes = _partitioned_row_codes(flush_to_zero_safe, interpret, stochastic_key is not None, k,
@@ -376,6 +428,8 @@ def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: b
     return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
   e, t, n = xb.shape
   if layout == TILES_2D:
+    if given is not None:
+      raise ValueError("quantize_codes: 16x16 tiles take no amaxes (amaxes() is for 1x16 blocks)")
     if stochastic_key is not None:
       raise ValueError("quantize_codes: 16x16 tiles with stochastic rounding (the tile kernel rounds to nearest)")
     amax = formats.from_bits(_slice_amax_bits(xb))
@@ -383,20 +437,21 @@ def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: b
     packed, scale_bytes = _partitioned_tiles(flush_to_zero_safe, interpret)(amax[:, None], x6)
     packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n // _BLOCK)
     return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
-  x3 = xb.reshape(e, t // _BLOCK, _BLOCK, n)
-  bmax, amax_bits = _rht_block_maxima(x3, flush_to_zero_safe, interpret)
-  amax = formats.from_bits(amax_bits)
+  if given is None:
+    bmax, amax_bits = _rht_block_maxima(xb.reshape(e, t // _BLOCK, _BLOCK, n), flush_to_zero_safe, interpret)
+    amax, maxima = formats.from_bits(amax_bits), [bmax.reshape(e, t // _BLOCK, n // 2, 2)]
+  else:
+    amax, maxima = given, []
   x4 = xb.reshape(e, t // _BLOCK, _BLOCK, n // 2, 2)
-  bmax = bmax.reshape(e, t // _BLOCK, n // 2, 2)
   seeds, threefry = _seeds(stochastic_key, e, key_batched)
-  packed, scale_bytes = _partitioned_codes(flush_to_zero_safe, interpret, stochastic_key is not None, n, threefry)(
-      amax[:, None], seeds, bmax, x4)
+  packed, scale_bytes = _partitioned_codes(flush_to_zero_safe, interpret, stochastic_key is not None, n, threefry,
+                                           maxima=bool(maxima))(amax[:, None], seeds, *maxima, x4)
   packed, scale_bytes = packed.reshape(e, t, n // 2), scale_bytes.reshape(e, t // _BLOCK, n)
   return (packed, scale_bytes, amax) if batched else (packed[0], scale_bytes[0], amax[0])
 
 
 def quantize(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: bool = False, **kw) -> NVFP4Tensor:
-  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: key_batched, flush_to_zero_safe, interpret;
+  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: amaxes, key_batched, flush_to_zero_safe, interpret;
   a key for :data:`ROWS` only). Batched, the tensor's ``axis`` is a slice's (what ``vmap`` gives back)."""
   packed, scale_bytes, amax = quantize_codes(x, layout, stochastic_key, batched=batched, **kw)
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)

@@ -137,18 +137,21 @@ def _int_max(vs):
 
 
 def _rht_columns(x_ref, safe: bool):
-  """The RHT (``hadamard``) of a kernel's (1, 16, ...) tile, one group, as ``(sums, back)``: its 16 rows loaded on
-  their own (tiny groups, max |x| < 2**-60, at 2**64 scale); ``sums(c)`` -> row c of the transform before
-  its rounding (``hadamard.rht16_column``; ``c`` an int, or a ``fori_loop`` index), ``back(y)`` -> its one bf16
-  rounding at the true size (fp32 on the bf16 grid): the transform's row c is ``back(sums(c))``. Rows, not a
+  """The RHT (``hadamard``) of a kernel's (1, 16, ...) tile, one group, as ``(sums, back, plain)``: its 16 rows
+  loaded on their own (tiny groups, max |x| < 2**-60, at 2**64 scale); ``sums(c)`` -> row c of the transform
+  before its rounding (``hadamard.rht16_column``; ``c`` an int, or a ``fori_loop`` index), ``back(y)`` -> its one
+  bf16 rounding at the true size (fp32 on the bf16 grid): the transform's row c is ``back(sums(c))``; ``plain``:
+  each column's max |x| over the 16 rows as :func:`abs_bits` (the tiny test's, before the transform). Rows, not a
   (16, cols) tile: every step is elementwise, with no reduction across a tile axis (Triton moves those
   through shared memory); a loop over c, not 16 unrolled sums, keeps the kernel small enough for Triton to
   compile in seconds."""
   rows = [formats.to_f32_exact(x_ref[0, r]) for r in range(_BLOCK)]
-  tiny = _int_max([abs_bits(r) for r in rows]) < int(np.float32(hadamard.TINY).view(np.int32))
+  plain = _int_max([abs_bits(r) for r in rows])
+  tiny = plain < int(np.float32(hadamard.TINY).view(np.int32))
   up = hadamard.upscale_flush_to_zero_safe if safe else hadamard.upscale_ieee
   xs = [up(r, tiny) for r in rows]
-  return (lambda c: hadamard.rht16_column(xs, c)), (lambda y: hadamard.round_back(y, tiny, rint=_rint_nonnegative))
+  return ((lambda c: hadamard.rht16_column(xs, c)), (lambda y: hadamard.round_back(y, tiny, rint=_rint_nonnegative)),
+          plain)
 
 
 def _rht_amax_bits(sums, back, shape):
@@ -157,6 +160,17 @@ def _rht_amax_bits(sums, back, shape):
   as the rounding back is monotone and odd, with one rounding per column instead of 16."""
   m = lax.fori_loop(0, _BLOCK, lambda c, m: jnp.maximum(m, abs_bits(sums(c))), jnp.zeros(shape, jnp.int32))
   return formats.canonical_nan_bits(abs_bits(back(formats.from_bits(m))))  # back keeps NaN a NaN, Inf an Inf
+
+
+def block_maxima_bits(bits):
+  """RHT block maxima's :func:`abs_bits` (int32) as the uint16 high half the kernels exchange: exact, the RHT's
+  values being on the bf16 grid (``hadamard.round_back``; a NaN as the quiet NaN, Inf) -- half the bytes."""
+  return lax.shift_right_logical(bits, 16).astype(jnp.uint16)
+
+
+def block_maxima_values(half):
+  """The fp32 values of :func:`block_maxima_bits`' uint16 halves."""
+  return formats.from_bits(half.astype(jnp.uint32) << 16)
 
 
 def _scalars(amax):
@@ -194,11 +208,21 @@ def _codes_tile(xf, axis, c, s_dec, u, safe: bool):
   return (*_e2m1(xf, enc, u, safe), s8)
 
 
+def _rht_block_scale(b_ref, sums, back, shape, c, s_dec):
+  """(s8, enc) of a COLS_RHT tile's blocks: from the RHT-amax kernel's block maxima ``b_ref``, or (None: the
+  amax came without them, :func:`rht_amax_call`'s maxima already reduced) from the tile's own transform rows,
+  as that kernel computes them -- the same bits, for the RHT's arithmetic a second time instead of a stored
+  array that lives from the amax pass to this one."""
+  if b_ref is None:
+    return _block_scale(formats.from_bits(_rht_amax_bits(sums, back, shape)), c, s_dec)
+  return _block_scale(block_maxima_values(b_ref[0]), c, s_dec)
+
+
 def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry: bool | None,
-                   folds: int, sr: bool):
+                   folds: int, sr: bool, maxima: bool = True):
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
-  b_ref = refs.pop(0) if layout == COLS_RHT else None  # the RHT-amax kernel's block maxima
+  b_ref = refs.pop(0) if layout == COLS_RHT and maxima else None  # the RHT-amax kernel's block maxima
   x_ref, v_ref = refs
   c, s_dec = _scalars(a_ref[0])
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
@@ -207,9 +231,9 @@ def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry
     u = None if words is None else _sr_fraction(words, *_positions(xf.shape, k_ref), n_total)
     v_ref[...] = _value(*_codes_tile(xf, 2, c, s_dec, u, safe)).astype(v_ref.dtype)  # (rows, blocks, 16)
     return
-  sums, back = _rht_columns(x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
+  sums, back, _ = _rht_columns(x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
   cols = x_ref.shape[2]
-  s8, enc = _block_scale(formats.from_bits(b_ref[0]), c, s_dec)
+  s8, enc = _rht_block_scale(b_ref, sums, back, (cols,), c, s_dec)
   t, n = (None, None) if words is None else _group_positions(k_ref, cols)
 
   def row(r, carry):
@@ -234,17 +258,19 @@ def _scale_bytes(s8):
   return jnp.where(jnp.isnan(s8), 0x7F, formulas.e4m3_code(s8)).astype(jnp.uint8)
 
 
-def _codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool):
+def _codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool,
+                  maxima: bool = True):
   """COLS_RHT, RNE or SR, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
   codes two per byte along the columns (even column in the low nibble, as ``tensor.pack``) and the E4M3 block
   scales' bytes; the same k, sign and s8 as :func:`_values_kernel`'s COLS_RHT tile (the same SR byte at each
   position). (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
-  b_ref, x_ref, d_ref, e_ref = refs
+  b_ref = refs.pop(0) if maxima else None
+  x_ref, d_ref, e_ref = refs
   c, s_dec = _scalars(a_ref[0])
-  sums, back = _rht_columns(x_ref, safe)
-  s8, enc = _block_scale(formats.from_bits(b_ref[0]), c, s_dec)
+  sums, back, _ = _rht_columns(x_ref, safe)
+  s8, enc = _rht_block_scale(b_ref, sums, back, x_ref.shape[2:], c, s_dec)
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
   if words is not None:
     t, _ = _group_positions(k_ref, 1)
@@ -285,9 +311,14 @@ def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, safe: bool):
   d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=4), _scale_bytes(s8)
 
 
-def _rht_amax_kernel(x_ref, m_ref, *, safe: bool):
-  """Per tile column: max |RHT(x)| bits over its group's 16 rows (the tensor amax's first step)."""
-  m_ref[0, :] = _rht_amax_bits(*_rht_columns(x_ref, safe), (x_ref.shape[2],))
+def _rht_amax_kernel(x_ref, m_ref, p_ref=None, *, safe: bool):
+  """Per tile column: max |RHT(x)| bits over its group's 16 rows (the tensor amax's first step); with ``p_ref``
+  also its max |x| bits over them (the plain amax's first step: both amaxes from one read of x, as TE's
+  ``nvte_hadamard_transform_amax``)."""
+  sums, back, plain = _rht_columns(x_ref, safe)
+  m_ref[0, :] = block_maxima_bits(_rht_amax_bits(sums, back, (x_ref.shape[2],)))
+  if p_ref is not None:
+    p_ref[0, :] = plain if p_ref.dtype == jnp.int32 else block_maxima_bits(plain)
 
 
 def _tiles(layout: str, shape):
@@ -314,8 +345,9 @@ def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpr
                  threefry: bool | None, folds: int):
   """The values kernel over the blocked operand ``x3`` (batch first); ``amax`` (batch, 1); ``keys``:
   SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
-  of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns) from
-  :func:`rht_amax_call`, None for ROWS; ``threefry`` and ``folds``: as :func:`_sr_fraction`."""
+  of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns, uint16) from
+  :func:`rht_amax_call`, or None (ROWS; COLS_RHT: the kernel takes them from its tiles); ``threefry`` and
+  ``folds``: as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
   per_slice = [a for a in (amax, keys) if a is not None]
   in_specs = [_per_slice(a) for a in per_slice]
@@ -324,7 +356,7 @@ def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpr
   operands = per_slice + [a for a in (bmax, x3) if a is not None]
   return pl.pallas_call(
       functools.partial(_values_kernel, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
-                        folds=folds, sr=keys is not None),
+                        folds=folds, sr=keys is not None, maxima=bmax is not None),
       out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
       grid=grid,
       in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
@@ -334,19 +366,26 @@ def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpr
   )(*operands)
 
 
-@functools.partial(jax.jit, static_argnames=("safe", "interpret"))
-def rht_amax_call(x3, *, safe: bool, interpret: bool):
-  """Per (group, column) tile maxima of |RHT(x)| as int32 bits: (batch, groups, cols)."""
+@functools.partial(jax.jit, static_argnames=("safe", "interpret", "plain"))
+def rht_amax_call(x3, *, safe: bool, interpret: bool, plain: bool = False):
+  """Per (group, column) tile maxima of |RHT(x)| as :func:`block_maxima_bits` (uint16): (batch, groups, cols);
+  with ``plain`` also those of |x|, from the same read of x: the same shape, as :func:`block_maxima_bits` for a
+  bf16 x (exact), else as :func:`abs_bits` (int32)."""
   tile, grid, index = _tiles(COLS_RHT, x3.shape)
-  return pl.pallas_call(
+  shape = (x3.shape[0], x3.shape[1], x3.shape[3])
+  plain_dtype = jnp.uint16 if x3.dtype == jnp.bfloat16 else jnp.int32
+  maxima = (jax.ShapeDtypeStruct(shape, jnp.uint16), jax.ShapeDtypeStruct(shape, plain_dtype))
+  spec = pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j))
+  out = pl.pallas_call(
       functools.partial(_rht_amax_kernel, safe=safe),
-      out_shape=jax.ShapeDtypeStruct((x3.shape[0], x3.shape[1], x3.shape[3]), jnp.int32),
+      out_shape=maxima[:1 + plain],
       grid=grid,
       in_specs=[pl.BlockSpec((None,) + tile, index)],
-      out_specs=pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)),
+      out_specs=(spec,) * (1 + plain),
       interpret=interpret,
-      name="nvfp4_rht_amax",
+      name="nvfp4_rht_amaxes" if plain else "nvfp4_rht_amax",
   )(x3)
+  return out if plain else out[0]
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret", "n_total", "threefry", "folds"))
@@ -354,24 +393,27 @@ def codes_call(amax, keys, bmax, x4, *, safe: bool, interpret: bool, n_total: in
                folds: int = 0):
   """(packed codes (batch, groups, 16, pairs) uint8, scale bytes (batch, groups, 1, pairs, 2) uint8) of x4
   (batch, groups, 16, pairs, 2); ``amax`` (batch, 1); ``keys``: SR's per-slice words as :func:`values_call`'s, or
-  None (RNE); ``bmax``: the block maxima (batch, groups, pairs, 2) from :func:`rht_amax_call`."""
+  None (RNE); ``bmax``: the block maxima (batch, groups, pairs, 2, uint16) from :func:`rht_amax_call`, or None
+  (the kernel takes them from its tiles)."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
   index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
   per_slice = [a for a in (amax, keys) if a is not None]
+  maxima = [] if bmax is None else [bmax]
   return pl.pallas_call(
       functools.partial(_codes_kernel, safe=safe, n_total=n_total, threefry=threefry, folds=folds,
-                        sr=keys is not None),
+                        sr=keys is not None, maxima=bmax is not None),
       out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
                  jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
-      in_specs=[_per_slice(a) for a in per_slice] + [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0)),
-                                                      pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
+      in_specs=[_per_slice(a) for a in per_slice]
+      + [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0))] * len(maxima)
+      + [pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
       out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
                  pl.BlockSpec((None, 1, 1, tp, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht" + ("" if keys is None else "_sr"),
-  )(*per_slice, bmax, x4)
+  )(*per_slice, *maxima, x4)
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret", "n_total", "threefry", "folds"))

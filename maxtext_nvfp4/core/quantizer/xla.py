@@ -39,11 +39,14 @@ from maxtext_nvfp4.core.quantizer.random_bits import random_bytes
 from maxtext_nvfp4.core.quantizer.tensor import NVFP4Tensor, codes_to_e2m1
 
 
-def block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None):
+def block_amaxes(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None, amax=None):
   """(amax, bamax) of the blocked fp32 ``xb``: block maxima (keeping the block dims) and the amax that sets
-  the global scale (a scalar; row-scaled: per row, the max over the blocks axis ``nb_axis``, kept)."""
+  the global scale (a scalar; row-scaled: per row, the max over the blocks axis ``nb_axis``, kept); ``amax``:
+  that amax, already known (:func:`amaxes`), instead of the max over the block maxima."""
   abs_bits = (_bits(xb) & _F32_ABS_MASK).astype(jnp.int32)  # integer max: exact, NaN-propagating
   bamax_bits = jnp.max(abs_bits, axis=red, keepdims=True)
+  if amax is not None:
+    return jnp.asarray(amax, jnp.float32), _from_bits(bamax_bits)
   # The tensor amax from the block maxima (1/16 of the data). Without the barrier XLA merges the two
   # reductions into one over the whole tensor, which XLA:CPU runs as a reduce-window tree over a
   # materialized int32 copy of it (an extra read and write of 4 bytes per element).
@@ -71,10 +74,10 @@ def encode_scales(s8, s_dec):
   return jnp.where(jnp.isnan(s8), s8, enc)
 
 
-def block_scales(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None):
+def block_scales(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None = None, amax=None):
   """(amax, s8, enc) of the blocked fp32 ``xb`` under TE's standard selection (blocks along the axes
-  ``red``; s8/enc keep those dims)."""
-  amax, bamax = block_amaxes(xb, red, rule, nb_axis)
+  ``red``; s8/enc keep those dims; ``amax``: as :func:`block_amaxes`)."""
+  amax, bamax = block_amaxes(xb, red, rule, nb_axis, amax)
   s_enc, s_dec = formulas.global_scales(amax, rule.e4m3_bound)
   # Per-block decode scale, E4M3: fl(bamax * fl(S_enc * fl(1/6))), saturated to 448, RNE.
   dec = jnp.minimum(formulas.mul_exact(bamax, formulas.block_scale_factor(s_enc)), np.float32(E4M3_MAX))
@@ -85,10 +88,10 @@ def block_scales(xb, red, rule: ScaleRule = STANDARD_RULE, nb_axis: int | None =
 # ----------------------------------------------------------------------------------------------
 # Block-scale selections: ScaleRule.selection -> (xb, red, u, rule, nb_axis, err_axis) -> (k, neg, s8, amax)
 # ----------------------------------------------------------------------------------------------
-def _select_max(xb, red, u, rule: ScaleRule, nb_axis, err_axis):
+def _select_max(xb, red, u, rule: ScaleRule, nb_axis, err_axis, amax=None):
   """TE's standard selection: (k, neg, s8, amax) with s8 from the block amax (formulas' docstring)."""
   del err_axis
-  amax, s8, enc = block_scales(xb, red, rule, nb_axis)
+  amax, s8, enc = block_scales(xb, red, rule, nb_axis, amax)
   k, neg = formulas.e2m1_code_of_product(xb, enc, u)
   return k, neg, s8, amax
 
@@ -154,10 +157,11 @@ _SCALE_SELECTIONS = {"max": _select_max, "4over6": _select_four_over_six}
 # ----------------------------------------------------------------------------------------------
 # The quantizer
 # ----------------------------------------------------------------------------------------------
-def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule):
+def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule, amax=None):
   """(k, neg, s8, amax, red): the blocked E2M1 codes and block scales of x (arguments validated).
 
   ``axis_n`` with ``block_2d``: None, or (4over6) the axis along which each tile row's error is summed.
+  ``amax``: x's amax (post-RHT with ``rht``) when already known (TE's standard rule only).
   """
   if rht:
     # Materialize the RHT output once: otherwise XLA:CPU fuses its elementwise tail into both consumers
@@ -176,13 +180,18 @@ def _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule):
     err_axis = red[0] if axis_n == x.ndim - 2 else red[1]
   else:
     err_axis = red[0]
-  k, neg, s8, amax = _SCALE_SELECTIONS[rule.selection](xb, red, u, rule, nb_axis, err_axis)
+  select = _SCALE_SELECTIONS[rule.selection]
+  if amax is None:
+    k, neg, s8, amax = select(xb, red, u, rule, nb_axis, err_axis)
+  else:
+    k, neg, s8, amax = select(xb, red, u, rule, nb_axis, err_axis, amax)
   return k, neg, s8, amax, red
 
 
-def quantize(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule = STANDARD_RULE) -> NVFP4Tensor:
-  """The NVFP4Tensor of ``x`` (arguments validated by ``api``; ``axis_n`` non-negative, or None for tiles)."""
-  k, neg, s8, amax, red = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
+def quantize(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule = STANDARD_RULE, amax=None) -> NVFP4Tensor:
+  """The NVFP4Tensor of ``x`` (arguments validated by ``api``; ``axis_n`` non-negative, or None for tiles;
+  ``amax``: as :func:`_quantize_parts`)."""
+  k, neg, s8, amax, red = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule, amax)
   codes = (k.astype(jnp.uint8) | (neg.astype(jnp.uint8) << 3)).reshape(x.shape)
   data = codes_to_e2m1(codes)
   scale = jnp.squeeze(s8, axis=red).astype(jnp.float8_e4m3fn)
@@ -192,11 +201,20 @@ def quantize(x, stochastic_key, axis_n, block_2d, rht, rule: ScaleRule = STANDAR
                      rht=rht, e4m3_bound=rule.e4m3_bound)
 
 
-def quantize_values(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule = STANDARD_RULE):
+def quantize_values(x, stochastic_key, axis_n, block_2d, rht, dtype, rule: ScaleRule = STANDARD_RULE, amax=None):
   """``(q * s8 in dtype, amax)`` of ``x``: :func:`quantize`'s values, computed from the codes directly."""
-  k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule)
+  k, neg, s8, amax, _ = _quantize_parts(x, stochastic_key, axis_n, block_2d, rht, rule, amax)
   mag = formats.grid_value(k, E2M1)
   v = formats.negate_where(mag, neg) * s8
   if rule.row_scaled:
     amax = amax.reshape(x.shape[:axis_n] + (1,) + x.shape[axis_n + 1:])
   return v.astype(dtype).reshape(x.shape), amax
+
+
+def amaxes(x):
+  """``(max |x|, max |RHT(x)|)`` of a 2D x (T, N), T a multiple of 16: the amax of x's 1x16 quantizations without
+  RHT and that of ``quantize(x, axis=0, rht=True)`` (a NaN as the quiet NaN, ``formats.canonical_nan_bits``):
+  ``pallas_triton.amaxes``' results, here as XLA ops."""
+  canonical = lambda v: formats.canonical_nan_bits((_bits(v) & _F32_ABS_MASK).astype(jnp.uint32))  # noqa: E731
+  return (_from_bits(jnp.max(canonical(_to_f32_exact(x)))),
+          _from_bits(jnp.max(canonical(_to_f32_exact(rht_bf16(x, 0))))))
