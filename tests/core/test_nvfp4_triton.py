@@ -538,6 +538,35 @@ def test_kernels_use_no_float_neg_min_or_max():
       assert not _float_ops(kernel, ("neg", "min", "max")), _float_ops(kernel, ("neg", "min", "max"))
 
 
+def _uint32_products(jaxpr):
+  """Element counts of every uint32 multiply in ``jaxpr`` (nested jaxprs included)."""
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "mul" and eqn.outvars[0].aval.dtype == jnp.uint32:
+      out.append(int(np.prod(eqn.outvars[0].aval.shape)))
+    for p in eqn.params.values():
+      for sub in p if isinstance(p, (tuple, list)) else (p,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          out += _uint32_products(sub)
+  return out
+
+
+def test_rows_sr_kernels_hash_each_word_once():
+  """The 1x16 SR kernels hash each 32-bit word once for its 4 elements (``_row_fraction``: the tile laid out as
+  words of 4), not once per element: every uint32 multiply -- lowbias32's two per hash, twice per word, and the
+  word index -- runs on a quarter of the tile's elements. (Their bytes: the golden and XLA-form tests.)"""
+  x, key = jnp.zeros((64, 256), jnp.bfloat16), jax.random.key(0)
+  for call in (lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, k),
+               lambda x, k: pt.quantize_codes(x, pt.ROWS, k)):
+    kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
+    assert kernels, "no pallas_call found: the check would pass vacuously"
+    for kernel in kernels:
+      tile = max(int(np.prod(v.aval.shape)) for v in kernel.invars if v.aval.dtype == jnp.bfloat16)
+      products = _uint32_products(kernel)
+      assert products.count(tile // 4) >= 4 and max(products) == tile // 4, (tile, products)
+
+
 def test_layout_only_where_a_kernel_computes_the_call():
   """The layout functions name a kernel exactly for the calls it computes, and otherwise say why not."""
   x, std = jnp.zeros((32, 64), jnp.bfloat16), nv.STANDARD_RULE

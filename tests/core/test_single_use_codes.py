@@ -81,13 +81,12 @@ def test_a_wrong_sr_position_or_nibble_order_fails_the_equality(monkeypatch):
   x = jnp.asarray(_operand((16, 64), 7), jnp.bfloat16)
   key = jax.random.key(2)
   want = api.quantize(x, stochastic_key=key, implementation="xla")
-  right = triton_kernels._pair_positions
+  right = triton_kernels.random_bits.word_fraction
 
-  def swapped_pairs(shape, k_ref):  # the two elements of a pair draw each other's random byte
-    t, n = right(shape, k_ref)
-    return t, n ^ np.uint32(1)
+  def swapped_pairs(words, word, byte):  # the two elements of a pair draw each other's random byte
+    return right(words, word, byte ^ np.uint32(1))
 
-  monkeypatch.setattr(triton_kernels, "_pair_positions", swapped_pairs)
+  monkeypatch.setattr(triton_kernels.random_bits, "word_fraction", swapped_pairs)
   jax.clear_caches()
   got = api.quantize(x, stochastic_key=key, implementation="triton")
   assert not np.array_equal(_u4(got.data), _u4(want.data))

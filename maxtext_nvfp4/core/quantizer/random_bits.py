@@ -154,6 +154,15 @@ def fraction(words, t, n, n_total: int):
   return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
 
 
+def word_fraction(words, word, byte):
+  """:func:`fraction` for a tile laid out by words: ``u`` of the element at byte ``byte`` (0..3) of hash word
+  ``word`` (``t * (N / 4) + n div 4``; N a multiple of 4), each word hashed once for its four elements -- a
+  quarter of :func:`fraction`'s hashing when ``word`` has a size-1 axis that ``byte`` spans (uint32; broadcast)."""
+  k0, k1 = words
+  h = lowbias32(lowbias32(word + k0) ^ k1)
+  return ((h >> (byte * np.uint32(8))) & np.uint32(0xFF)).astype(jnp.float32) * np.float32(1.0 / 256.0)
+
+
 def shard_start(mesh, axes, local: int):
   """The first global index of this device's shard along a dim sharded over ``axes`` (a spec entry): where the
   shard's stochastic-rounding positions start, inside a kernel run per shard."""

@@ -78,25 +78,22 @@ COLS_RHT = "cols_rht"
 TILES_2D = "tiles_2d"  # quantize only: 16x16 tiles of a 2D operand (W), TE's byte layout
 
 
-def _positions(shape, k_ref):
-  """ROWS: (t, n), each element's row and column of a (rows, blocks, 16) tile in its slice's 2D view (T, N),
-  uint32, from the shard's first (row, column) in ``k_ref``'s last two entries and the tile's place in the
-  grid (batch, i, j)."""
-  a, b, c = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(3))
+def _row_fraction(words, k_ref, shape, n_total: int):
+  """ROWS, SR: ``u`` of each element of a (rows, blocks, 4, ...) tile -- each block's 16 elements as its 4 hash
+  words of 4 (``random_bits``: the 4 consecutive elements along the last axis that share one word), the trailing
+  axes the element's byte within its word, row-major -- in its slice's 2D view (T, N), from the shard's first
+  (row, column) in ``k_ref``'s last two entries and the tile's place in the grid (batch, i, j). Each word is hashed
+  once ((rows, blocks, 4, 1, ...)), not once per element; N (``n_total``) is a multiple of 16."""
+  word_shape = shape[:3] + (1,) * (len(shape) - 3)
+  a, b, w = (lax.broadcasted_iota(jnp.uint32, word_shape, d) for d in range(3))
   first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
-  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
-  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
-  return t0 + a, n0 + b * np.uint32(_BLOCK) + c
-
-
-def _pair_positions(shape, k_ref):
-  """ROWS codes: (t, n) of a (rows, blocks, 8, 2) tile (each block's 16 elements as 8 column pairs), as
-  :func:`_positions` gives them for the (rows, blocks, 16) tile of the same elements."""
-  a, b, p, q = (lax.broadcasted_iota(jnp.uint32, shape, d) for d in range(4))
-  first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
-  t0 = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32)
-  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)
-  return t0 + a, n0 + b * np.uint32(_BLOCK) + p * np.uint32(2) + q
+  t = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32) + a
+  n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)  # a multiple of 16
+  word = t * np.uint32((n_total // 4) % 2**32) + n0 // np.uint32(4) + b * np.uint32(_BLOCK // 4) + w
+  byte = jnp.zeros((1,) * len(shape), jnp.uint32)
+  for d in range(3, len(shape)):  # the element's byte: its row-major place in the trailing axes
+    byte = byte * np.uint32(shape[d]) + lax.broadcasted_iota(jnp.uint32, (1,) * d + (shape[d],) + (1,) * (len(shape) - d - 1), d)
+  return random_bits.word_fraction(words, word, byte)
 
 
 def _group_positions(k_ref, cols: int):
@@ -226,10 +223,10 @@ def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry
   x_ref, v_ref = refs
   c, s_dec = _scalars(a_ref[0])
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
-  if layout == ROWS:
+  if layout == ROWS:  # a (rows, blocks, 4, 4) tile: each block's 16 elements as 4 hash words of 4
     xf = formats.to_f32_exact(x_ref[...])
-    u = None if words is None else _sr_fraction(words, *_positions(xf.shape, k_ref), n_total)
-    v_ref[...] = _value(*_codes_tile(xf, 2, c, s_dec, u, safe)).astype(v_ref.dtype)  # (rows, blocks, 16)
+    u = None if words is None else _row_fraction(words, k_ref, xf.shape, n_total)
+    v_ref[...] = _value(*_codes_tile(xf, (2, 3), c, s_dec, u, safe)).astype(v_ref.dtype)
     return
   sums, back, _ = _rht_columns(x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
   cols = x_ref.shape[2]
@@ -288,18 +285,18 @@ def _codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None,
 
 
 def _rows_codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool):
-  """ROWS, RNE or SR, on a (rows, blocks, 8, 2) tile of x viewed as (R, K/16, 8, 2): TE's byte layout -- E2M1
-  codes two per byte along K (even column in the low nibble, as ``tensor.pack``) and each block's E4M3 scale
-  byte; the same k, sign and s8 as :func:`_values_kernel`'s ROWS tile (the same SR byte at each position)."""
+  """ROWS, RNE or SR, on a (rows, blocks, 4, 2, 2) tile of x viewed as (R, K/16, 4, 2, 2) (each block's 16
+  elements as 4 hash words of 2 column pairs): TE's byte layout -- E2M1 codes two per byte along K (even column in
+  the low nibble, as ``tensor.pack``) and each block's E4M3 scale byte; the same k, sign and s8 as
+  :func:`_values_kernel`'s ROWS tile (the same SR byte at each position)."""
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
   x_ref, d_ref, e_ref = refs
   c, s_dec = _scalars(a_ref[0])
   xf = formats.to_f32_exact(x_ref[...])
-  u = None if k_ref is None else _sr_fraction(_sr_words(k_ref, threefry, folds), *_pair_positions(xf.shape, k_ref),
-                                              n_total)
-  k, neg, s8 = _codes_tile(xf, (2, 3), c, s_dec, u, safe)
-  d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=3), _scale_bytes(s8)
+  u = None if k_ref is None else _row_fraction(_sr_words(k_ref, threefry, folds), k_ref, xf.shape, n_total)
+  k, neg, s8 = _codes_tile(xf, (2, 3, 4), c, s_dec, u, safe)
+  d_ref[...], e_ref[...] = _packed_codes(k, neg, pair_axis=4), _scale_bytes(s8)
 
 
 def _tiles_kernel(a_ref, x_ref, d_ref, e_ref, *, safe: bool):
@@ -349,21 +346,24 @@ def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpr
   :func:`rht_amax_call`, or None (ROWS; COLS_RHT: the kernel takes them from its tiles); ``threefry`` and
   ``folds``: as :func:`_sr_fraction`."""
   tile, grid, index = _tiles(layout, x3.shape)
+  xk = x3
+  if layout == ROWS:  # each block as 4 hash words of 4 elements (_row_fraction): a free reshape outside
+    xk, tile, index = x3.reshape(x3.shape[:3] + (4, 4)), tile[:2] + (4, 4), lambda e, i, j: (e, i, j, 0, 0)
   per_slice = [a for a in (amax, keys) if a is not None]
   in_specs = [_per_slice(a) for a in per_slice]
   if bmax is not None:
     in_specs.append(pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)))
-  operands = per_slice + [a for a in (bmax, x3) if a is not None]
+  operands = per_slice + [a for a in (bmax, xk) if a is not None]
   return pl.pallas_call(
       functools.partial(_values_kernel, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
                         folds=folds, sr=keys is not None, maxima=bmax is not None),
-      out_shape=jax.ShapeDtypeStruct(x3.shape, dtype),
+      out_shape=jax.ShapeDtypeStruct(xk.shape, dtype),
       grid=grid,
       in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
       out_specs=pl.BlockSpec((None,) + tile, index),
       interpret=interpret,
       name=f"nvfp4_values_{layout}" + ("" if keys is None else "_sr"),
-  )(*operands)
+  )(*operands).reshape(x3.shape)
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret", "plain"))
@@ -420,23 +420,25 @@ def codes_call(amax, keys, bmax, x4, *, safe: bool, interpret: bool, n_total: in
 def rows_codes_call(amax, keys, x5, *, safe: bool, interpret: bool, n_total: int, threefry: bool | None, folds: int):
   """(packed codes (batch, R, K/16, 8) uint8, scale bytes (batch, R, K/16, 1, 1) uint8) of x viewed as x5
   (batch, R, K/16, 8, 2): 1x16 blocks along the last axis (:data:`ROWS`); ``amax`` (batch, 1); ``keys``: SR's
-  per-slice words as :func:`values_call`'s, or None (RNE)."""
+  per-slice words as :func:`values_call`'s, or None (RNE). The kernel sees each block as 4 hash words of 2 column
+  pairs (:func:`_rows_codes_kernel`; free reshapes outside)."""
   batch, rows, blocks, _, _ = x5.shape
   t = (_pow2_tile(rows, _MAX_ROWS), _pow2_tile(blocks, _MAX_BLOCKS))
   per_slice = [a for a in (amax, keys) if a is not None]
-  index = lambda e, i, j: (e, i, j, 0, 0)  # noqa: E731
-  return pl.pallas_call(
+  index = lambda e, i, j: (e, i, j, 0, 0, 0)  # noqa: E731
+  packed, scale_bytes = pl.pallas_call(
       functools.partial(_rows_codes_kernel, safe=safe, n_total=n_total, threefry=threefry, folds=folds,
                         sr=keys is not None),
-      out_shape=(jax.ShapeDtypeStruct((batch, rows, blocks, 8), jnp.uint8),
-                 jax.ShapeDtypeStruct((batch, rows, blocks, 1, 1), jnp.uint8)),
+      out_shape=(jax.ShapeDtypeStruct((batch, rows, blocks, 4, 2), jnp.uint8),
+                 jax.ShapeDtypeStruct((batch, rows, blocks, 1, 1, 1), jnp.uint8)),
       grid=(batch, rows // t[0], blocks // t[1]),
-      in_specs=[_per_slice(a) for a in per_slice] + [pl.BlockSpec((None,) + t + (8, 2), index)],
-      out_specs=(pl.BlockSpec((None,) + t + (8,), lambda e, i, j: (e, i, j, 0)),
-                 pl.BlockSpec((None,) + t + (1, 1), index)),
+      in_specs=[_per_slice(a) for a in per_slice] + [pl.BlockSpec((None,) + t + (4, 2, 2), index)],
+      out_specs=(pl.BlockSpec((None,) + t + (4, 2), lambda e, i, j: (e, i, j, 0, 0)),
+                 pl.BlockSpec((None,) + t + (1, 1, 1), index)),
       interpret=interpret,
       name="nvfp4_codes_rows" + ("" if keys is None else "_sr"),
-  )(*per_slice, x5)
+  )(*per_slice, x5.reshape(batch, rows, blocks, 4, 2, 2))
+  return packed.reshape(batch, rows, blocks, 8), scale_bytes.reshape(batch, rows, blocks, 1, 1)
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret"))
