@@ -132,11 +132,15 @@ def test_triton_kernels_run_per_shard_on_a_two_gpu_mesh(spec):
       "v1d_sr": lambda x, k: nv.quantize_values(x, axis=1, stochastic_key=k),
       "v0_rht_sr": lambda x, k: nv.quantize_values(x, axis=0, rht=True, stochastic_key=k),
       "qrht": lambda x, k: nv.quantize(x, axis=0, rht=True),
+      # dy's one amax pass and its two quantizations given the amaxes (gemm's backward with the Pallas GEMM)
+      "shared_amaxes": lambda x, k: (lambda a: (nv.quantize_values(x, axis=0, rht=True, stochastic_key=k, amaxes=a),
+                                                nv.quantize(x, axis=1, stochastic_key=k, amaxes=a)))(nv.amaxes(x)),
   }
   for name, fn in cases.items():
     with jax.default_device(devs[0]):  # the GPU Pallas's Triton lowering targets (deviceless.compile_for)
       text = jax.jit(fn).trace(x, key).lower().compile().as_text()
     assert "__gpu$xla.gpu.triton" in text, name
+    assert ("nvfp4_rht_amaxes" in text) == (name == "shared_amaxes"), name
     assert "all-gather" not in text, name
     assert "all-reduce" in text, name
 

@@ -426,6 +426,24 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   assert np.array_equal(np.asarray(got.scale, np.float32), np.asarray(want.scale, np.float32)), ("codes", spec)
   assert np.asarray(got.amax) == np.asarray(want.amax), ("codes", spec)
   assert "all-gather" not in codes.lower(xs).compile().as_text(), ("codes", spec)
+# one amax pass for both quantizations (pt.amaxes), then the quantizers given them, on sharded operands
+shared = jax.jit(lambda x, k: (lambda a: (a, pt.quantize_values(
+    x, jnp.bfloat16, pt.COLS_RHT, k, amaxes=a, interpret=True, flush_to_zero_safe=True), pt.quantize(
+    x, pt.COLS_RHT, k, amaxes=a, interpret=True, flush_to_zero_safe=True), pt.quantize(
+    x, pt.ROWS, k, amaxes=a, interpret=True, flush_to_zero_safe=True)))(
+    pt.amaxes(x, interpret=True, flush_to_zero_safe=True)))
+for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
+  xs, key = jax.device_put(x, NamedSharding(mesh, spec)), jax.random.key(11)
+  (amax, rht_amax), (got_v, _), got_c, got_r = jax.device_get(shared(xs, key))
+  want_c, want_r = nv.quantize(x, axis=0, rht=True, stochastic_key=key), nv.quantize(x, stochastic_key=key)
+  assert np.asarray(amax) == np.abs(np.asarray(x, np.float32)).max() == np.asarray(want_r.amax), ("shared", spec)
+  assert np.asarray(rht_amax) == np.asarray(want_c.amax), ("shared", spec)
+  want_v, _ = nv.quantize_values(x, axis=0, rht=True, stochastic_key=key)
+  assert np.array_equal(np.asarray(got_v).view(np.uint16), np.asarray(want_v).view(np.uint16)), ("shared", spec)
+  for got, want in ((got_c, want_c), (got_r, want_r)):
+    assert np.array_equal(np.asarray(nv.pack(jnp.asarray(got.data))), np.asarray(nv.pack(want.data))), ("shared", spec)
+    assert np.array_equal(np.asarray(got.scale, np.float32), np.asarray(want.scale, np.float32)), ("shared", spec)
+  assert "all-gather" not in shared.lower(xs, key).compile().as_text(), ("shared", spec)
 xb = jnp.stack([x[:, :256], x[:, 256:] * 64, x[:, :256] / 1024, x[:, 256:]])  # 4 slices, 4 amaxes
 keys = jax.random.split(jax.random.key(7), 4)
 for layout, kw, spec in [(pt.ROWS, {}, P("a", None, "b")), (pt.COLS_RHT, dict(axis=0, rht=True), P("a", "b", None))]:
