@@ -418,6 +418,15 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
     assert np.array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16)), ("rht", spec, key)
     assert np.asarray(amax) == np.asarray(want_amax), ("rht", spec)
     assert "all-gather" not in rht.lower(xs, key).compile().as_text(), ("rht", spec)
+# columns sharded into shards of 6 (not whole SR words of 4): the RHT SR kernels hash per element there
+x12, key12 = x[:, :12], jax.random.key(13)
+xs12 = jax.device_put(x12, NamedSharding(mesh, P(None, "b")))
+got_v, _ = rht(xs12, key12)
+want_v, _ = nv.quantize_values(x12, axis=0, rht=True, stochastic_key=key12)
+assert np.array_equal(np.asarray(got_v).view(np.uint16), np.asarray(want_v).view(np.uint16)), "rht 6-column shards"
+got_c = jax.jit(lambda x, k: pt.quantize(x, pt.COLS_RHT, k, interpret=True, flush_to_zero_safe=True))(xs12, key12)
+want_c = nv.quantize(x12, axis=0, rht=True, stochastic_key=key12)
+assert np.array_equal(np.asarray(nv.pack(got_c.data)), np.asarray(nv.pack(want_c.data))), "codes 6-column shards"
 codes = jax.jit(lambda x: pt.quantize(x, interpret=True, flush_to_zero_safe=True))
 for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   xs = jax.device_put(x, NamedSharding(mesh, spec))
@@ -556,11 +565,16 @@ def test_kernels_use_no_float_neg_min_or_max():
       assert not _float_ops(kernel, ("neg", "min", "max")), _float_ops(kernel, ("neg", "min", "max"))
 
 
+_LOWBIAS32 = {0x7FEB352D, 0x846CA68B}  # random_bits.lowbias32's multipliers
+
+
 def _uint32_products(jaxpr):
-  """Element counts of every uint32 multiply in ``jaxpr`` (nested jaxprs included)."""
+  """Element counts of every multiply by one of lowbias32's constants in ``jaxpr`` (nested jaxprs included): the
+  SR hash's work."""
   out = []
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "mul" and eqn.outvars[0].aval.dtype == jnp.uint32:
+    literal = [int(np.asarray(v.val)) for v in eqn.invars if hasattr(v, "val") and np.ndim(v.val) == 0]
+    if eqn.primitive.name == "mul" and eqn.outvars[0].aval.dtype == jnp.uint32 and _LOWBIAS32 & set(literal):
       out.append(int(np.prod(eqn.outvars[0].aval.shape)))
     for p in eqn.params.values():
       for sub in p if isinstance(p, (tuple, list)) else (p,):
@@ -570,19 +584,22 @@ def _uint32_products(jaxpr):
   return out
 
 
-def test_rows_sr_kernels_hash_each_word_once():
-  """The 1x16 SR kernels hash each 32-bit word once for its 4 elements (``_row_fraction``: the tile laid out as
-  words of 4), not once per element: every uint32 multiply -- lowbias32's two per hash, twice per word, and the
-  word index -- runs on a quarter of the tile's elements. (Their bytes: the golden and XLA-form tests.)"""
+def test_sr_kernels_hash_each_word_once():
+  """The SR kernels hash each 32-bit word once for its 4 elements (the tile laid out as words of 4:
+  ``_row_fraction``, ``_group_fraction``), not once per element: every multiply of the hash (lowbias32's two per
+  round, two rounds) runs on a quarter of the elements it draws for (the 1x16 kernels: the tile; the RHT kernels:
+  one of the group's 16 rows at a time). (Their bytes: the golden and XLA-form tests.)"""
   x, key = jnp.zeros((64, 256), jnp.bfloat16), jax.random.key(0)
-  for call in (lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, k),
-               lambda x, k: pt.quantize_codes(x, pt.ROWS, k)):
-    kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
-    assert kernels, "no pallas_call found: the check would pass vacuously"
+  for per_hash, call in ((4, lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.ROWS, k)),
+                         (4, lambda x, k: pt.quantize_codes(x, pt.ROWS, k)),
+                         (64, lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k)),
+                         (64, lambda x, k: pt.quantize_codes(x, pt.COLS_RHT, k))):
+    kernels = [k for k in _kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr) if _uint32_products(k)]
+    assert kernels, "no pallas_call hashes: the check would pass vacuously"
     for kernel in kernels:
       tile = max(int(np.prod(v.aval.shape)) for v in kernel.invars if v.aval.dtype == jnp.bfloat16)
       products = _uint32_products(kernel)
-      assert products.count(tile // 4) >= 4 and max(products) == tile // 4, (tile, products)
+      assert products.count(tile // per_hash) >= 4 and max(products) == tile // per_hash, (tile, products)
 
 
 def test_layout_only_where_a_kernel_computes_the_call():

@@ -90,19 +90,35 @@ def _row_fraction(words, k_ref, shape, n_total: int):
   t = first_t + (pl.program_id(1) * shape[0]).astype(jnp.uint32) + a
   n0 = first_n + (pl.program_id(2) * shape[1]).astype(jnp.uint32) * np.uint32(_BLOCK)  # a multiple of 16
   word = t * np.uint32((n_total // 4) % 2**32) + n0 // np.uint32(4) + b * np.uint32(_BLOCK // 4) + w
-  byte = jnp.zeros((1,) * len(shape), jnp.uint32)
-  for d in range(3, len(shape)):  # the element's byte: its row-major place in the trailing axes
-    byte = byte * np.uint32(shape[d]) + lax.broadcasted_iota(jnp.uint32, (1,) * d + (shape[d],) + (1,) * (len(shape) - d - 1), d)
-  return random_bits.word_fraction(words, word, byte)
+  return random_bits.word_fraction(words, word, _row_major(shape, 3))  # the byte: its place in the trailing axes
 
 
-def _group_positions(k_ref, cols: int):
-  """COLS_RHT: (t, n) of a (1, 16, cols) tile in its slice's 2D view (T, N): its group's first row (a uint32
-  scalar) and its columns (cols,), from the shard's first (row, column) in ``k_ref``'s last two entries."""
+def _row_major(shape, first: int):
+  """Each element's row-major index over the axes ``first``.. of ``shape`` (uint32; size-1 elsewhere)."""
+  idx = jnp.zeros((1,) * len(shape), jnp.uint32)
+  for d in range(first, len(shape)):
+    idx = idx * np.uint32(shape[d]) + lax.broadcasted_iota(
+        jnp.uint32, (1,) * d + (shape[d],) + (1,) * (len(shape) - d - 1), d)
+  return idx
+
+
+def _group_fraction(words, k_ref, shape, n_total: int, by_word: bool):
+  """COLS_RHT, SR: ``r -> u`` of row ``r`` of a group's tile, each row's elements ``shape`` (row-major: its
+  columns), from the shard's first (row, column) in ``k_ref``'s last two entries and the tile's place in the grid
+  (batch, i, j), taken here, outside the rows' loop. ``by_word``: ``shape`` is (words, ...), the trailing axes an
+  element's byte within its hash word of 4 consecutive columns, and each word is hashed once ((words, 1, ...));
+  else each element hashes its own word (a tile whose columns are not whole words: a shard of columns that is not
+  a multiple of 4)."""
   first_t, first_n = k_ref[k_ref.shape[0] - 2], k_ref[k_ref.shape[0] - 1]
   t = first_t + (pl.program_id(1) * _BLOCK).astype(jnp.uint32)
-  n = first_n + (pl.program_id(2) * cols).astype(jnp.uint32) + lax.broadcasted_iota(jnp.uint32, (cols,), 0)
-  return t, n
+  n0 = first_n + (pl.program_id(2) * math.prod(shape)).astype(jnp.uint32)
+  if not by_word:
+    n = n0 + _row_major(shape, 0)
+    return lambda r: random_bits.fraction(words, t + r.astype(jnp.uint32), n, n_total)
+  per_row = np.uint32((n_total // 4) % 2**32)
+  w = n0 // np.uint32(4) + lax.broadcasted_iota(jnp.uint32, (shape[0],) + (1,) * (len(shape) - 1), 0)
+  byte = _row_major(shape, 1)
+  return lambda r: random_bits.word_fraction(words, (t + r.astype(jnp.uint32)) * per_row + w, byte)
 
 
 def abs_bits(v):
@@ -117,12 +133,6 @@ def _sr_words(k_ref, threefry: bool | None, folds: int):
   """SR's two key words (k0, k1) of this shard (:func:`random_bits.key_words`) from ``k_ref`` = (key word 0,
   key word 1, fold data 0 .. ``folds - 1``, zeros, first row, first column)."""
   return random_bits.key_words(lambda i: k_ref[i], threefry, folds)
-
-
-def _sr_fraction(words, t, n, n_total: int):
-  """``u`` of ``random_bits.random_bytes(key, (T, N))`` at rows ``t`` and columns ``n`` (:func:`random_bits.fraction`;
-  the kernels take operands whose N is a multiple of 4)."""
-  return random_bits.fraction(words, t, n, n_total)
 
 
 def _int_max(vs):
@@ -216,7 +226,7 @@ def _rht_block_scale(b_ref, sums, back, shape, c, s_dec):
 
 
 def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry: bool | None,
-                   folds: int, sr: bool, maxima: bool = True):
+                   folds: int, sr: bool, maxima: bool = True, by_word: bool = False):
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
   b_ref = refs.pop(0) if layout == COLS_RHT and maxima else None  # the RHT-amax kernel's block maxima
@@ -228,14 +238,15 @@ def _values_kernel(a_ref, *refs, layout: str, safe: bool, n_total: int, threefry
     u = None if words is None else _row_fraction(words, k_ref, xf.shape, n_total)
     v_ref[...] = _value(*_codes_tile(xf, (2, 3), c, s_dec, u, safe)).astype(v_ref.dtype)
     return
-  sums, back, _ = _rht_columns(x_ref, safe)  # COLS_RHT: a (1, 16, cols) tile, one group
-  cols = x_ref.shape[2]
-  s8, enc = _rht_block_scale(b_ref, sums, back, (cols,), c, s_dec)
-  t, n = (None, None) if words is None else _group_positions(k_ref, cols)
+  # COLS_RHT: a (1, 16, cols) tile, one group; SR: (1, 16, cols / 4, 4), each row's columns as hash words of 4
+  sums, back, _ = _rht_columns(x_ref, safe)
+  shape = x_ref.shape[2:]
+  s8, enc = _rht_block_scale(b_ref, sums, back, shape, c, s_dec)
+  fraction = None if words is None else _group_fraction(words, k_ref, shape, n_total, by_word)
 
   def row(r, carry):
-    u = None if words is None else _sr_fraction(words, t + r.astype(jnp.uint32), n, n_total)
-    v_ref[0, r, :] = _value(*_e2m1(back(sums(r)), enc, u, safe), s8).astype(v_ref.dtype)
+    u = None if fraction is None else fraction(r)
+    v_ref[0, r] = _value(*_e2m1(back(sums(r)), enc, u, safe), s8).astype(v_ref.dtype)
     return carry
 
   lax.fori_loop(0, _BLOCK, row, 0)
@@ -256,32 +267,30 @@ def _scale_bytes(s8):
 
 
 def _codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool,
-                  maxima: bool = True):
-  """COLS_RHT, RNE or SR, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2): TE's byte layout -- E2M1
-  codes two per byte along the columns (even column in the low nibble, as ``tensor.pack``) and the E4M3 block
-  scales' bytes; the same k, sign and s8 as :func:`_values_kernel`'s COLS_RHT tile (the same SR byte at each
-  position). (The pair axis keeps a column's pair on one device: a sharding rule cannot relate N to N/2.)"""
+                  maxima: bool = True, by_word: bool = False):
+  """COLS_RHT, RNE or SR, on a (1, 16, pairs, 2) tile of x viewed as (T/16, 16, N/2, 2) -- SR: (1, 16, pairs / 2,
+  2, 2), each row's columns as hash words of 2 pairs -- TE's byte layout: E2M1 codes two per byte along the columns
+  (even column in the low nibble, as ``tensor.pack``) and the E4M3 block scales' bytes; the same k, sign and s8 as
+  :func:`_values_kernel`'s COLS_RHT tile (the same SR byte at each position). (The pair axis keeps a column's pair
+  on one device: a sharding rule cannot relate N to N/2.)"""
   refs = list(refs)
   k_ref = refs.pop(0) if sr else None
   b_ref = refs.pop(0) if maxima else None
   x_ref, d_ref, e_ref = refs
   c, s_dec = _scalars(a_ref[0])
   sums, back, _ = _rht_columns(x_ref, safe)
-  s8, enc = _rht_block_scale(b_ref, sums, back, x_ref.shape[2:], c, s_dec)
+  shape = x_ref.shape[2:]
+  s8, enc = _rht_block_scale(b_ref, sums, back, shape, c, s_dec)
   words = None if k_ref is None else _sr_words(k_ref, threefry, folds)
-  if words is not None:
-    t, _ = _group_positions(k_ref, 1)
-    pairs = x_ref.shape[2]
-    p, q = (lax.broadcasted_iota(jnp.uint32, (pairs, 2), d) for d in range(2))
-    n = k_ref[k_ref.shape[0] - 1] + (pl.program_id(2) * 2 * pairs).astype(jnp.uint32) + p * np.uint32(2) + q
+  fraction = None if words is None else _group_fraction(words, k_ref, shape, n_total, by_word)
 
   def row(r, carry):
-    u = None if words is None else _sr_fraction(words, t + r.astype(jnp.uint32), n, n_total)
-    d_ref[0, r, :] = _packed_codes(*_e2m1(back(sums(r)), enc, u, safe), pair_axis=1)
+    u = None if fraction is None else fraction(r)
+    d_ref[0, r] = _packed_codes(*_e2m1(back(sums(r)), enc, u, safe), pair_axis=len(shape) - 1)
     return carry
 
   lax.fori_loop(0, _BLOCK, row, 0)
-  e_ref[0, 0, :, :] = _scale_bytes(s8)
+  e_ref[0, 0] = _scale_bytes(s8)
 
 
 def _rows_codes_kernel(a_ref, *refs, safe: bool, n_total: int, threefry: bool | None, folds: int, sr: bool):
@@ -344,19 +353,27 @@ def values_call(amax, keys, bmax, x3, *, layout: str, dtype, safe: bool, interpr
   SR's (key word 0, key word 1, ``folds`` fold data, zeros, first row, first column) per slice (batch, a power
   of two), or None (RNE); ``bmax``: COLS_RHT's block maxima (batch, groups, columns, uint16) from
   :func:`rht_amax_call`, or None (ROWS; COLS_RHT: the kernel takes them from its tiles); ``threefry`` and
-  ``folds``: as :func:`_sr_fraction`."""
+  ``folds``: as :func:`random_bits.key_words`."""
   tile, grid, index = _tiles(layout, x3.shape)
-  xk = x3
-  if layout == ROWS:  # each block as 4 hash words of 4 elements (_row_fraction): a free reshape outside
+  xk, by_word = x3, False
+  bspec = pl.BlockSpec((None, 1, tile[-1]), lambda e, i, j: (e, i, j))
+  # SR: the elements laid out by hash words of 4 (free reshapes outside), so that each word is hashed once
+  if layout == ROWS:  # each block as 4 words of 4 (_row_fraction)
     xk, tile, index = x3.reshape(x3.shape[:3] + (4, 4)), tile[:2] + (4, 4), lambda e, i, j: (e, i, j, 0, 0)
+  elif keys is not None and tile[2] % 4 == 0:  # each row's columns as words of 4 (_group_fraction)
+    by_word = True
+    xk, tile, index = (x3.reshape(x3.shape[:3] + (x3.shape[3] // 4, 4)), (1, _BLOCK, tile[2] // 4, 4),
+                       lambda e, i, j: (e, i, 0, j, 0))
+    bmax = None if bmax is None else bmax.reshape(bmax.shape[:2] + (bmax.shape[2] // 4, 4))
+    bspec = pl.BlockSpec((None, 1, tile[2], 4), lambda e, i, j: (e, i, j, 0))
   per_slice = [a for a in (amax, keys) if a is not None]
   in_specs = [_per_slice(a) for a in per_slice]
   if bmax is not None:
-    in_specs.append(pl.BlockSpec((None, 1, tile[2]), lambda e, i, j: (e, i, j)))
+    in_specs.append(bspec)
   operands = per_slice + [a for a in (bmax, xk) if a is not None]
   return pl.pallas_call(
       functools.partial(_values_kernel, layout=layout, safe=safe, n_total=n_total, threefry=threefry,
-                        folds=folds, sr=keys is not None, maxima=bmax is not None),
+                        folds=folds, sr=keys is not None, maxima=bmax is not None, by_word=by_word),
       out_shape=jax.ShapeDtypeStruct(xk.shape, dtype),
       grid=grid,
       in_specs=in_specs + [pl.BlockSpec((None,) + tile, index)],
@@ -397,23 +414,30 @@ def codes_call(amax, keys, bmax, x4, *, safe: bool, interpret: bool, n_total: in
   (the kernel takes them from its tiles)."""
   e, g, _, pairs, _ = x4.shape
   tp = _pow2_tile(pairs, _MAX_RHT_COLS // 2)
-  index = lambda b, i, j: (b, i, 0, j, 0)  # noqa: E731
   per_slice = [a for a in (amax, keys) if a is not None]
   maxima = [] if bmax is None else [bmax]
-  return pl.pallas_call(
+  # SR: each row's pairs as hash words of 2 pairs (free reshapes outside), so that each word is hashed once
+  by_word = keys is not None and tp % 2 == 0
+  w = (2,) if by_word else ()  # the pairs of a word
+  lead = (pairs // 2,) if by_word else (pairs,)  # words (or pairs) per row
+  t = (tp // 2,) if by_word else (tp,)
+  z = (0,) * len(w)
+  index = lambda b, i, j: (b, i, 0, j, *z, 0)  # noqa: E731
+  packed, scale_bytes = pl.pallas_call(
       functools.partial(_codes_kernel, safe=safe, n_total=n_total, threefry=threefry, folds=folds,
-                        sr=keys is not None, maxima=bmax is not None),
-      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, pairs), jnp.uint8),
-                 jax.ShapeDtypeStruct((e, g, 1, pairs, 2), jnp.uint8)),
+                        sr=keys is not None, maxima=bmax is not None, by_word=by_word),
+      out_shape=(jax.ShapeDtypeStruct((e, g, _BLOCK, *lead, *w), jnp.uint8),
+                 jax.ShapeDtypeStruct((e, g, 1, *lead, *w, 2), jnp.uint8)),
       grid=(e, g, pairs // tp),
       in_specs=[_per_slice(a) for a in per_slice]
-      + [pl.BlockSpec((None, 1, tp, 2), lambda b, i, j: (b, i, j, 0))] * len(maxima)
-      + [pl.BlockSpec((None, 1, _BLOCK, tp, 2), index)],
-      out_specs=(pl.BlockSpec((None, 1, _BLOCK, tp), lambda b, i, j: (b, i, 0, j)),
-                 pl.BlockSpec((None, 1, 1, tp, 2), index)),
+      + [pl.BlockSpec((None, 1, *t, *w, 2), lambda b, i, j: (b, i, j, *z, 0))] * len(maxima)
+      + [pl.BlockSpec((None, 1, _BLOCK, *t, *w, 2), index)],
+      out_specs=(pl.BlockSpec((None, 1, _BLOCK, *t, *w), lambda b, i, j: (b, i, 0, j, *z)),
+                 pl.BlockSpec((None, 1, 1, *t, *w, 2), index)),
       interpret=interpret,
       name="nvfp4_codes_cols_rht" + ("" if keys is None else "_sr"),
-  )(*per_slice, *maxima, x4)
+  )(*per_slice, *(m.reshape(e, g, *lead, *w, 2) for m in maxima), x4.reshape(e, g, _BLOCK, *lead, *w, 2))
+  return packed.reshape(e, g, _BLOCK, pairs), scale_bytes.reshape(e, g, 1, pairs, 2)
 
 
 @functools.partial(jax.jit, static_argnames=("safe", "interpret", "n_total", "threefry", "folds"))
