@@ -2,6 +2,7 @@
 
     quantize(x, ...)          -> NVFP4Tensor (E2M1 data, E4M3 block scales, amax)       TE's quantizer, bit for bit
     quantize_values(x, ...)   -> (q * s8 in dtype, amax)       = (block_values(t), t.amax) of t = quantize(x, ...)
+    amaxes(x)                 -> Amaxes(max |x|, max |RHT(x)|) from one pass (or None), for ``amaxes=`` of both
 
 Implementations (``implementation=``; for a whole run the environment variable ``MAXTEXT_NVFP4_QUANTIZER_IMPL``,
 which the argument overrides):

@@ -6,7 +6,8 @@ tensor amax and for a block-level kernel, which writes ``s8`` and ``enc`` for th
 operand also writes and reads the transform). Here::
 
     pass 1:   amax = max |x|  (XLA reduce; ROWS, TILES_2D)  or  max |RHT(x)|  (COLS_RHT: a kernel writes the
-              block maxima, 1/16 of the data, and XLA reduces them)
+              block maxima, uint16, 1/16 of the elements, and XLA reduces them); or both at once (:func:`amaxes`,
+              given to the calls of pass 2, whose RHT kernels then take the block maxima from their own tiles)
     pass 2:   the kernels of ``triton_kernels.py``: scales, codes and values of whole blocks, written once
 
 Layouts (:func:`values_layout`, :func:`codes_layout`): :data:`ROWS` -- ``quantize_values`` or ``quantize`` in
