@@ -437,9 +437,9 @@ for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   assert "all-gather" not in codes.lower(xs).compile().as_text(), ("codes", spec)
 # one amax pass for both quantizations (pt.amaxes), then the quantizers given them, on sharded operands
 shared = jax.jit(lambda x, k: (lambda a: (a, pt.quantize_values(
-    x, jnp.bfloat16, pt.COLS_RHT, k, amaxes=a, interpret=True, flush_to_zero_safe=True), pt.quantize(
-    x, pt.COLS_RHT, k, amaxes=a, interpret=True, flush_to_zero_safe=True), pt.quantize(
-    x, pt.ROWS, k, amaxes=a, interpret=True, flush_to_zero_safe=True)))(
+    x, jnp.bfloat16, pt.COLS_RHT, k, amax=a[1], interpret=True, flush_to_zero_safe=True), pt.quantize(
+    x, pt.COLS_RHT, k, amax=a[1], interpret=True, flush_to_zero_safe=True), pt.quantize(
+    x, pt.ROWS, k, amax=a[0], interpret=True, flush_to_zero_safe=True)))(
     pt.amaxes(x, interpret=True, flush_to_zero_safe=True)))
 for spec in [P("a", "b"), P(None, ("b", "a")), P(("a", "b"), None)]:
   xs, key = jax.device_put(x, NamedSharding(mesh, spec)), jax.random.key(11)
@@ -556,8 +556,8 @@ def test_kernels_use_no_float_neg_min_or_max():
            lambda x, k: pt.quantize_codes(x, pt.TILES_2D),
            # the shared amax pass, and the RHT kernels that take their block maxima from their own tiles
            lambda x, k: pt.amaxes(x),
-           lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k, amaxes=pt.amaxes(x)),
-           lambda x, k: pt.quantize_codes(x, pt.COLS_RHT, k, amaxes=pt.amaxes(x))]
+           lambda x, k: pt.quantize_values(x, jnp.bfloat16, pt.COLS_RHT, k, amax=pt.amaxes(x)[1]),
+           lambda x, k: pt.quantize_codes(x, pt.COLS_RHT, k, amax=pt.amaxes(x)[1])]
   for call in calls:
     kernels = list(_kernel_jaxprs(jax.make_jaxpr(call)(x, key).jaxpr))
     assert kernels, "no pallas_call found: the check would pass vacuously"

@@ -192,14 +192,13 @@ def _dispatch(request: str, source: str, x, extras: tuple, forms: dict, xla_form
   """
   if request == "xla":
     return xla_form(x)
-  keys = extras
   if request in forms:
     (layout, refusal), kernel = forms[request]
     if layout is None:
       _leave_kernels(request, source, refusal, request)
     interpret_kw = dict(interpret=True, flush_to_zero_safe=True) if request == "triton" else dict(interpret=True)
     interpreted = lambda x, *k, **kw: kernel(x, *k, **interpret_kw, **kw)  # noqa: E731
-    run = lambda fn: lambda x: _kernel_unless_vmapped(fn, None, x, *keys, source=source, impl=request)  # noqa: E731
+    run = lambda fn: lambda x: _kernel_unless_vmapped(fn, None, x, *extras, source=source, impl=request)  # noqa: E731
     return lax.platform_dependent(x, **{_KERNELS[request][0]: run(kernel)}, default=run(interpreted))
   platform = _default_platform()
   # the implementation whose platform the default device is (its log lines); Triton's names every other platform
@@ -216,14 +215,14 @@ def _dispatch(request: str, source: str, x, extras: tuple, forms: dict, xla_form
       _leave_kernels(request, source, f"every call: the default device is {platform}, and the kernels run on XLA:GPU"
                      " or a TPU", impl)
     if _KERNELS[impl][0] in compilable:
-      branches[_KERNELS[impl][0]] = functools.partial(_auto_kernel, kernel, xla_form, keys, impl, logs and home)
+      branches[_KERNELS[impl][0]] = functools.partial(_auto_kernel, kernel, xla_form, extras, impl, logs and home)
   if not branches:
     return xla_form(x)
   return lax.platform_dependent(x, **branches, default=xla_form)
 
 
-def _auto_kernel(kernel, xla_form, keys, impl, log, x):
-  return _kernel_unless_vmapped(kernel, xla_form, x, *keys, log=bool(log), impl=impl)
+def _auto_kernel(kernel, xla_form, extras, impl, log, x):
+  return _kernel_unless_vmapped(kernel, xla_form, x, *extras, log=bool(log), impl=impl)
 
 
 def _kernel_unless_vmapped(kernel, xla_form, *args, source: str = "", log: bool = True, impl: str = "triton"):
@@ -297,7 +296,7 @@ def _quantize_impl(x, stochastic_key, amaxes, axis_n, block_2d, rht, rule, reque
   tpu_plan = pallas_mosaic_tpu.codes_layout(x, axis_n, block_2d, rht, rule, sr)
   forms = {
       "triton": (triton_plan, lambda x, key, am, **kw: pallas_triton.quantize(
-          x, triton_plan[0], key, amaxes=_kernel_amaxes(am), **kw)),
+          x, triton_plan[0], key, amax=_given_amax(am, rht), **kw)),
       # Mosaic's kernels take their amaxes in passes of their own (the given ones unused: the same values)
       "mosaic_tpu": (tpu_plan, lambda x, key, am, **kw: pallas_mosaic_tpu.quantize(x, tpu_plan[0], key, **kw)),
   }
@@ -312,25 +311,20 @@ def _quantize_values_impl(x, stochastic_key, amaxes, axis_n, block_2d, rht, dtyp
   tpu_plan = pallas_mosaic_tpu.values_layout(x, axis_n, block_2d, rht, rule)
   forms = {
       "triton": (triton_plan, lambda x, key, am, **kw: pallas_triton.quantize_values(
-          x, dtype, triton_plan[0], key, amaxes=_kernel_amaxes(am), **kw)),
+          x, dtype, triton_plan[0], key, amax=_given_amax(am, rht), **kw)),
       "mosaic_tpu": (tpu_plan, lambda x, key, am, **kw: pallas_mosaic_tpu.quantize_values(
           x, dtype, tpu_plan[0], key, **kw)),
   }
   return _dispatch(request, source, x, (stochastic_key, amaxes), forms, xla_form)
 
 
-def _kernel_amaxes(amaxes):
-  """:class:`Amaxes` as ``pallas_triton``'s (amax, rht_amax, block maxima), or None."""
-  return None if amaxes is None else (amaxes.amax, amaxes.rht_amax)
-
-
 def _amaxes_impl(x, request, source):
-  """The traced body of :func:`amaxes` (a kernel implementation's pass; the caller checked that one applies)."""
+  """The traced body of :func:`amaxes` (``request``: "triton" or "auto"; the caller checked that the kernel takes x)."""
   as_amaxes = lambda t: Amaxes(amax=t[0], rht_amax=t[1])  # noqa: E731
   xla_form = lambda x: as_amaxes(xla.amaxes(x))  # noqa: E731
   plan = pallas_triton.values_layout(x, 0, False, True, STANDARD_RULE)
   forms = {"triton": (plan, lambda x, **kw: as_amaxes(pallas_triton.amaxes(x, **kw)))}
-  return _dispatch("triton" if request == "triton" else _AUTO, source, x, (), forms, xla_form)
+  return _dispatch(request, source, x, (), forms, xla_form)
 
 
 # One compiled program per (shape, dtype, mode): eager op-by-op dispatch of the ~100 small ops of the quantizer

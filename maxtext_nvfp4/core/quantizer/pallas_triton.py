@@ -360,12 +360,9 @@ def amaxes(x, *, batched: bool = False, key_batched: bool = False, flush_to_zero
   return (amax, rht_amax) if batched else (amax[0], rht_amax[0])
 
 
-def _given(amaxes, layout: str, batched: bool):
-  """The amax (batch,) of ``layout``'s call from :func:`amaxes`' pair, batch first; None when none was given."""
-  if amaxes is None:
-    return None
-  amax, rht_amax = amaxes if batched else (a[None] for a in amaxes)
-  return amax if layout == ROWS else rht_amax
+def _given(amax, batched: bool):
+  """A given amax (from :func:`amaxes`) batch first, (batch,); None when none was given."""
+  return amax if amax is None or batched else amax[None]
 
 
 _seeds = random_bits.kernel_seeds
@@ -374,11 +371,11 @@ _seeds = random_bits.kernel_seeds
 # ----------------------------------------------------------------------------------------------
 # Entry points
 # ----------------------------------------------------------------------------------------------
-def quantize_values(x, dtype, layout: str, stochastic_key=None, *, amaxes=None, batched: bool = False,
+def quantize_values(x, dtype, layout: str, stochastic_key=None, *, amax=None, batched: bool = False,
                     key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(values, amax)`` of ``quantize_values(x, axis=..., rht=..., stochastic_key=..., dtype=dtype)`` for
-  the call :func:`values_layout` gave ``layout``; ``amaxes``: x's :func:`amaxes` (batched alike), which then
-  replace this call's own amax pass.
+  the call :func:`values_layout` gave ``layout``; ``amax``: this call's amax from :func:`amaxes` (max |x| for
+  :data:`ROWS`, max |RHT(x)| for :data:`COLS_RHT`; batched alike), which then replaces its own amax pass.
 
   ``batched``: x's leading axis is a batch of independent operands (``vmap``'s: one amax, one SR key and the
   SR positions of each slice; the amax comes back per slice), ``key_batched``: one key per slice (else the one
@@ -388,7 +385,7 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, amaxes=None, 
   """
   xb = x if batched else x[None]
   e = xb.shape[0]
-  given = _given(amaxes, layout, batched)
+  given = _given(amax, batched)
   if layout == ROWS:
     x3 = xb.reshape(e, -1, x.shape[-1] // _BLOCK, _BLOCK)
     maxima = []
@@ -407,17 +404,17 @@ def quantize_values(x, dtype, layout: str, stochastic_key=None, *, amaxes=None, 
   return values, (amax if batched else amax[0])
 
 
-def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, amaxes=None, batched: bool = False,
+def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, amax=None, batched: bool = False,
                    key_batched: bool = False, flush_to_zero_safe: bool = False, interpret: bool = False):
   """``(packed, scale_bytes, amax)`` of ``quantize(x, axis=-1, stochastic_key=...)`` (:data:`ROWS`, x (..., K)),
   ``quantize(x, axis=0, rht=True)`` (:data:`COLS_RHT`) or ``quantize(x, block_2d=True)`` (:data:`TILES_2D`) for a
   :func:`codes_layout` operand (x (T, N) for the last two): the E2M1 codes two per byte along the last axis
   ((..., K/2), (T, N/2)) uint8, the E4M3 scales' bytes ((..., K/16), (T/16, N), or (T/16, N/16) for tiles) uint8,
   the amax (post-RHT). ``batched``: x's leading axis is a batch of operands, each its own (each result gets the
-  leading batch axis); ``amaxes`` (not for TILES_2D), ``key_batched``, ``flush_to_zero_safe`` and ``interpret``:
+  leading batch axis); ``amax`` (not for TILES_2D), ``key_batched``, ``flush_to_zero_safe`` and ``interpret``:
   as :func:`quantize_values`."""
   xb = x if batched else x[None]
-  given = _given(amaxes, layout, batched)
+  given = _given(amax, batched)
   if layout == ROWS:
     e, k = xb.shape[0], xb.shape[-1]
     amax = formats.from_bits(_slice_amax_bits(xb)) if given is None else given
@@ -430,7 +427,7 @@ def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, amaxes=Non
   e, t, n = xb.shape
   if layout == TILES_2D:
     if given is not None:
-      raise ValueError("quantize_codes: 16x16 tiles take no amaxes (amaxes() is for 1x16 blocks)")
+      raise ValueError("quantize_codes: 16x16 tiles take no given amax (amaxes() is for 1x16 blocks)")
     if stochastic_key is not None:
       raise ValueError("quantize_codes: 16x16 tiles with stochastic rounding (the tile kernel rounds to nearest)")
     amax = formats.from_bits(_slice_amax_bits(xb))
@@ -452,7 +449,7 @@ def quantize_codes(x, layout: str = COLS_RHT, stochastic_key=None, *, amaxes=Non
 
 
 def quantize(x, layout: str = COLS_RHT, stochastic_key=None, *, batched: bool = False, **kw) -> NVFP4Tensor:
-  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: amaxes, key_batched, flush_to_zero_safe, interpret;
+  """``quantize``'s NVFP4Tensor from :func:`quantize_codes` (``kw``: amax, key_batched, flush_to_zero_safe, interpret;
   a key for :data:`ROWS` only). Batched, the tensor's ``axis`` is a slice's (what ``vmap`` gives back)."""
   packed, scale_bytes, amax = quantize_codes(x, layout, stochastic_key, batched=batched, **kw)
   data = lax.bitcast_convert_type(packed, jnp.float4_e2m1fn).reshape(x.shape)

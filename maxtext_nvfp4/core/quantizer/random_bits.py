@@ -143,15 +143,9 @@ def fraction(words, t, n, n_total: int):
   view): ``byte (n mod 4)`` of ``H(H(w + k0) ^ k1)`` with ``w = t * (N / 4) + n div 4`` (one word per element
   when N is not a multiple of 4: ``w = t * N + n``, its low byte), uint32 and wrapping like :func:`word_index`;
   ``words``: (k0, k1) (:func:`key_words`); ``n_total``: N of the whole operand (a tile may be a shard's)."""
-  k0, k1 = words
   if n_total % 4:
-    h = lowbias32(lowbias32(t * np.uint32(n_total % 2**32) + n + k0) ^ k1)
-    byte = h & np.uint32(0xFF)
-  else:
-    word = t * np.uint32((n_total // 4) % 2**32) + n // np.uint32(4)
-    h = lowbias32(lowbias32(word + k0) ^ k1)
-    byte = (h >> ((n % np.uint32(4)) * np.uint32(8))) & np.uint32(0xFF)
-  return byte.astype(jnp.float32) * np.float32(1.0 / 256.0)
+    return word_fraction(words, t * np.uint32(n_total % 2**32) + n, np.uint32(0))
+  return word_fraction(words, t * np.uint32((n_total // 4) % 2**32) + n // np.uint32(4), n % np.uint32(4))
 
 
 def word_fraction(words, word, byte):

@@ -170,8 +170,8 @@ def _rht_amax_bits(sums, back, shape):
 
 
 def block_maxima_bits(bits):
-  """RHT block maxima's :func:`abs_bits` (int32) as the uint16 high half the kernels exchange: exact, the RHT's
-  values being on the bf16 grid (``hadamard.round_back``; a NaN as the quiet NaN, Inf) -- half the bytes."""
+  """Block maxima's :func:`abs_bits` (int32) as the uint16 high half the kernels exchange -- half the bytes: exact
+  for values on the bf16 grid (the RHT's, ``hadamard.round_back``; a bf16 operand's), a NaN as the quiet NaN, Inf."""
   return lax.shift_right_logical(bits, 16).astype(jnp.uint16)
 
 
